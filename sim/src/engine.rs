@@ -1,0 +1,506 @@
+//! The scheduler: continuous batching over a shared step clock.
+//!
+//! One tokio task drives the whole engine. Requests wait FIFO until a running
+//! slot is free and their KV blocks fit. On admission a request is prefilled:
+//! prefill throughput is a shared resource, so prefills are serialized
+//! (`uncached_tokens / prefill_tps` each, one after the other) while the batch
+//! keeps decoding. The first token is emitted when the prefill finishes; then
+//! every decode step (`decode_step_ms + decode_per_req_ms * running`) emits one
+//! more token for every decoding request. All durations are divided by
+//! `time_scale`. Tokens are delivered to per-request unbounded channels; a
+//! closed channel cancels the request.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::sync::{mpsc, Notify};
+
+use crate::kvcache::KvCache;
+use crate::SimConfig;
+
+/// Usage of a finished request, in tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    pub prompt: u32,
+    pub cached: u32,
+    pub completion: u32,
+}
+
+/// Events delivered to the connection serving a request.
+#[derive(Debug)]
+pub(crate) enum Ev {
+    /// Admitted to the running batch; `cached` prompt tokens hit the cache.
+    Admitted { cached: u32 },
+    /// `upto` tokens have been generated so far (streaming requests only).
+    Tokens { upto: u32 },
+    /// Generation finished.
+    Done(Usage),
+}
+
+pub(crate) struct Submit {
+    pub hashes: Vec<u64>,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    pub stream: bool,
+    /// The output length is the client's max_tokens (finish_reason "length").
+    pub length_limited: bool,
+    pub tx: mpsc::UnboundedSender<Ev>,
+}
+
+struct Req {
+    hashes: Vec<u64>,
+    prompt_tokens: u32,
+    target: u32,
+    stream: bool,
+    length_limited: bool,
+    chunk: u32,
+    tx: mpsc::UnboundedSender<Ev>,
+    arrival: Instant,
+    cached: u32,
+    anon: usize,
+    prefill_end: Instant,
+    generated: u32,
+    decoding: bool,
+}
+
+/// vLLM's TTFT histogram buckets.
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+];
+
+#[derive(Clone, Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+    fn observe(&mut self, v: f64) {
+        for (b, c) in self.bounds.iter().zip(self.counts.iter_mut()) {
+            if v <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+    fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{{label},le=\"{b:?}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{label},le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum{{{label}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{label}}} {}", self.count);
+    }
+}
+
+/// Counters since start.
+#[derive(Clone, Debug)]
+struct Metrics {
+    prefix_queries: u64,
+    prefix_hits: u64,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    success_length: u64,
+    success_stop: u64,
+    aborted: u64,
+    ttft: Histogram,
+    e2e: Histogram,
+}
+
+/// A snapshot of the engine state, for tests and `GET /admin/stats`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Stats {
+    pub running: usize,
+    pub waiting: usize,
+    /// Fraction of KV blocks referenced by running requests.
+    pub kv_usage: f64,
+    /// Cacheable blocks currently held in the KV cache.
+    pub cached_blocks: usize,
+    pub evicted_blocks: u64,
+    /// Prompt tokens looked up in the prefix cache (vLLM `prefix_cache_queries`).
+    pub prefix_cache_queries: u64,
+    /// Prompt tokens found in the prefix cache (vLLM `prefix_cache_hits`).
+    pub prefix_cache_hits: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    /// Requests that finished generating.
+    pub requests_finished: u64,
+    /// Requests cancelled because their client went away.
+    pub requests_aborted: u64,
+    /// Highest number of waiting requests observed.
+    pub max_waiting: usize,
+}
+
+struct State {
+    kv: KvCache,
+    waiting: VecDeque<Req>,
+    running: Vec<Req>,
+    prefill_free_at: Instant,
+    m: Metrics,
+    max_waiting: usize,
+}
+
+pub(crate) struct Engine {
+    cfg: Arc<SimConfig>,
+    state: Mutex<State>,
+    notify: Notify,
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+impl Engine {
+    pub fn new(cfg: Arc<SimConfig>) -> Arc<Self> {
+        Arc::new(Engine {
+            state: Mutex::new(State {
+                kv: KvCache::new(cfg.kv_blocks),
+                waiting: VecDeque::new(),
+                running: Vec::new(),
+                prefill_free_at: Instant::now(),
+                m: Metrics {
+                    prefix_queries: 0,
+                    prefix_hits: 0,
+                    prompt_tokens: 0,
+                    generation_tokens: 0,
+                    success_length: 0,
+                    success_stop: 0,
+                    aborted: 0,
+                    ttft: Histogram::new(TTFT_BUCKETS),
+                    e2e: Histogram::new(E2E_BUCKETS),
+                },
+                max_waiting: 0,
+            }),
+            cfg,
+            notify: Notify::new(),
+        })
+    }
+
+    /// Total KV blocks a request needs while running.
+    pub fn blocks_needed(&self, prompt_tokens: usize, output_tokens: usize) -> usize {
+        (prompt_tokens + output_tokens).div_ceil(self.cfg.block_size)
+    }
+
+    pub fn submit(&self, s: Submit) {
+        let now = Instant::now();
+        {
+            let mut st = self.state.lock();
+            st.waiting.push_back(Req {
+                hashes: s.hashes,
+                prompt_tokens: s.prompt_tokens,
+                target: s.output_tokens.max(1),
+                stream: s.stream,
+                length_limited: s.length_limited,
+                chunk: self.cfg.chunk_tokens.max(1) as u32,
+                tx: s.tx,
+                arrival: now,
+                cached: 0,
+                anon: 0,
+                prefill_end: now,
+                generated: 0,
+                decoding: false,
+            });
+            let w = st.waiting.len();
+            st.max_waiting = st.max_waiting.max(w);
+        }
+        self.notify.notify_one();
+    }
+
+    pub fn reset_prefix_cache(&self) {
+        self.state.lock().kv.reset();
+    }
+
+    pub fn stats(&self) -> Stats {
+        let st = self.state.lock();
+        Stats {
+            running: st.running.len(),
+            waiting: st.waiting.len(),
+            kv_usage: st.kv.usage(),
+            cached_blocks: st.kv.cached_blocks(),
+            evicted_blocks: st.kv.evictions(),
+            prefix_cache_queries: st.m.prefix_queries,
+            prefix_cache_hits: st.m.prefix_hits,
+            prompt_tokens: st.m.prompt_tokens,
+            generation_tokens: st.m.generation_tokens,
+            requests_finished: st.m.success_length + st.m.success_stop,
+            requests_aborted: st.m.aborted,
+            max_waiting: st.max_waiting,
+        }
+    }
+
+    /// Prometheus text exposition with vLLM metric names.
+    pub fn render_metrics(&self) -> String {
+        let (running, waiting, usage, m) = {
+            let st = self.state.lock();
+            (
+                st.running.len(),
+                st.waiting.len(),
+                st.kv.usage(),
+                st.m.clone(),
+            )
+        };
+        let model = self.cfg.model.replace('\\', "\\\\").replace('"', "\\\"");
+        let l = format!("model_name=\"{model}\"");
+        let mut o = String::with_capacity(4096);
+        let gauge = |o: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {v}"
+            );
+        };
+        gauge(
+            &mut o,
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            running as f64,
+        );
+        gauge(
+            &mut o,
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            waiting as f64,
+        );
+        gauge(
+            &mut o,
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            usage,
+        );
+        gauge(
+            &mut o,
+            "vllm:gpu_cache_usage_perc",
+            "GPU KV-cache usage. 1 means 100 percent usage (deprecated name).",
+            usage,
+        );
+        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {v}"
+            );
+        };
+        counter(
+            &mut o,
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            m.prefix_queries,
+        );
+        counter(
+            &mut o,
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            m.prefix_hits,
+        );
+        counter(
+            &mut o,
+            "vllm:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            m.prompt_tokens,
+        );
+        counter(
+            &mut o,
+            "vllm:generation_tokens_total",
+            "Number of generation tokens processed.",
+            m.generation_tokens,
+        );
+        counter(
+            &mut o,
+            "vllm:num_preemptions_total",
+            "Cumulative number of preemption from the engine.",
+            0,
+        );
+        let _ = writeln!(
+            o,
+            "# HELP vllm:request_success_total Count of successfully processed requests.\n\
+             # TYPE vllm:request_success_total counter\n\
+             vllm:request_success_total{{{l},finished_reason=\"length\"}} {}\n\
+             vllm:request_success_total{{{l},finished_reason=\"stop\"}} {}\n\
+             vllm:request_success_total{{{l},finished_reason=\"abort\"}} {}",
+            m.success_length, m.success_stop, m.aborted
+        );
+        m.ttft.render(
+            &mut o,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &l,
+        );
+        m.e2e.render(
+            &mut o,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            &l,
+        );
+        o
+    }
+
+    fn step_duration(&self, running: usize) -> Duration {
+        let c = &self.cfg;
+        secs((c.decode_step_ms + c.decode_per_req_ms * running as f64) / 1000.0 / c.time_scale)
+    }
+
+    /// The scheduler loop; runs until aborted.
+    pub async fn run(self: Arc<Self>) {
+        let sleep = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(sleep);
+        let mut step_deadline: Option<Instant> = None;
+        let mut last_step: Option<Instant> = None;
+        let slack = Duration::from_millis(5);
+        loop {
+            let wake = {
+                let mut st = self.state.lock();
+                let now = Instant::now();
+                if let Some(d) = step_deadline {
+                    if d <= now {
+                        st.decode_step(now);
+                        step_deadline = None;
+                        last_step = Some(d);
+                    }
+                }
+                st.finish_prefills(now);
+                st.admit(now, &self.cfg);
+                if step_deadline.is_none() && st.running.iter().any(|r| r.decoding) {
+                    let base = match last_step {
+                        Some(l) if l + slack >= now => l,
+                        _ => now,
+                    };
+                    step_deadline = Some(base + self.step_duration(st.running.len()));
+                }
+                let prefill = st
+                    .running
+                    .iter()
+                    .filter(|r| !r.decoding)
+                    .map(|r| r.prefill_end)
+                    .min();
+                match (step_deadline, prefill) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            };
+            match wake {
+                Some(t) if t <= Instant::now() => tokio::task::yield_now().await,
+                Some(t) => {
+                    sleep.as_mut().reset(t.into());
+                    tokio::select! {
+                        _ = &mut sleep => {}
+                        _ = self.notify.notified() => {}
+                    }
+                }
+                None => self.notify.notified().await,
+            }
+        }
+    }
+}
+
+impl State {
+    fn admit(&mut self, now: Instant, cfg: &SimConfig) {
+        let bs = cfg.block_size;
+        while self.running.len() < cfg.max_running {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            if front.tx.is_closed() {
+                self.waiting.pop_front();
+                self.m.aborted += 1;
+                continue;
+            }
+            let prompt = front.prompt_tokens as usize;
+            // vLLM always recomputes the last prompt token.
+            let max_hit = (prompt - 1) / bs;
+            let total = (prompt + front.target as usize).div_ceil(bs);
+            let anon = total.saturating_sub(front.hashes.len());
+            let Some(hit) = self.kv.allocate(&front.hashes, max_hit, anon) else {
+                break;
+            };
+            let mut r = self.waiting.pop_front().expect("front exists");
+            r.cached = (hit * bs) as u32;
+            r.anon = anon;
+            let uncached = (prompt - hit * bs) as f64;
+            let start = self.prefill_free_at.max(now);
+            r.prefill_end = start + secs(uncached / cfg.prefill_tps / cfg.time_scale);
+            self.prefill_free_at = r.prefill_end;
+            self.m.prefix_queries += prompt as u64;
+            self.m.prefix_hits += r.cached as u64;
+            self.m.prompt_tokens += prompt as u64;
+            let _ = r.tx.send(Ev::Admitted { cached: r.cached });
+            self.running.push(r);
+        }
+    }
+
+    fn finish_prefills(&mut self, now: Instant) {
+        let State {
+            running, kv, m, ..
+        } = self;
+        running.retain_mut(|r| {
+            if r.decoding || r.prefill_end > now {
+                return true;
+            }
+            r.decoding = true;
+            m.ttft.observe(now.duration_since(r.arrival).as_secs_f64());
+            emit(r, kv, m, now)
+        });
+    }
+
+    fn decode_step(&mut self, now: Instant) {
+        let State {
+            running, kv, m, ..
+        } = self;
+        running.retain_mut(|r| !r.decoding || emit(r, kv, m, now));
+    }
+}
+
+/// Produce one token for `r`; returns false when the request left the batch.
+fn emit(r: &mut Req, kv: &mut KvCache, m: &mut Metrics, now: Instant) -> bool {
+    r.generated += 1;
+    m.generation_tokens += 1;
+    let done = r.generated >= r.target;
+    let alive = if r.stream {
+        if done || r.generated % r.chunk == 0 {
+            r.tx.send(Ev::Tokens { upto: r.generated }).is_ok()
+        } else {
+            !r.tx.is_closed()
+        }
+    } else {
+        !r.tx.is_closed()
+    };
+    if !alive {
+        kv.release(&r.hashes, r.anon);
+        m.aborted += 1;
+        return false;
+    }
+    if done {
+        kv.release(&r.hashes, r.anon);
+        if r.length_limited {
+            m.success_length += 1;
+        } else {
+            m.success_stop += 1;
+        }
+        m.e2e.observe(now.duration_since(r.arrival).as_secs_f64());
+        let _ = r.tx.send(Ev::Done(Usage {
+            prompt: r.prompt_tokens,
+            cached: r.cached,
+            completion: r.generated,
+        }));
+        return false;
+    }
+    true
+}

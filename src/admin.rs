@@ -1,0 +1,75 @@
+//! The admin listener (default 127.0.0.1 only): `GET /health`, `GET /metrics` (Prometheus
+//! text), `GET /admin/instances` (JSON snapshot of the load table).
+
+use crate::proxy::Shared;
+use async_trait::async_trait;
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use std::sync::Arc;
+
+pub struct Admin {
+    pub shared: Arc<Shared>,
+}
+
+fn resp(status: u16, ctype: &str, body: Vec<u8>) -> http::Response<Vec<u8>> {
+    http::Response::builder()
+        .status(status)
+        .header("content-type", ctype)
+        .header("content-length", body.len())
+        .body(body)
+        .expect("valid response")
+}
+
+impl Admin {
+    /// Copies the load table into the in-flight gauges, then renders every metric.
+    pub fn render_metrics(&self) -> Vec<u8> {
+        let rt = self.shared.runtime.load();
+        let m = &self.shared.metrics;
+        for s in &rt.ordered {
+            for i in &s.instances {
+                let l = i.load.snapshot();
+                let id = [i.id.as_str()];
+                m.inflight_requests
+                    .with_label_values(&id)
+                    .set(l.inflight_requests as i64);
+                m.inflight_tokens
+                    .with_label_values(&id)
+                    .set(l.inflight_tokens as i64);
+                m.waiting.with_label_values(&id).set(l.waiting as i64);
+            }
+        }
+        m.render()
+    }
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> http::Response<Vec<u8>> {
+        let req = session.req_header();
+        if req.method != http::Method::GET {
+            return resp(
+                405,
+                "application/json",
+                br#"{"error":{"message":"the admin API only answers GET","type":"invalid_request_error","code":"method_not_allowed"}}"#.to_vec(),
+            );
+        }
+        match req.uri.path() {
+            "/health" => resp(200, "text/plain", b"ok\n".to_vec()),
+            "/metrics" => resp(200, "text/plain; version=0.0.4", self.render_metrics()),
+            "/admin/instances" => {
+                let body =
+                    serde_json::to_vec_pretty(&self.shared.runtime.load().instances_json())
+                        .unwrap_or_default();
+                resp(200, "application/json", body)
+            }
+            other => resp(
+                404,
+                "application/json",
+                serde_json::to_vec(&serde_json::json!({"error": {
+                    "message": format!("unknown admin path {other}; try /health, /metrics or /admin/instances"),
+                    "type": "not_found_error", "code": "unknown_url"}}))
+                .unwrap_or_default(),
+            ),
+        }
+    }
+}

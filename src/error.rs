@@ -1,0 +1,122 @@
+//! One error type for everything the gateway answers itself, rendered in the shape the
+//! client's SDK expects: OpenAI's `{"error":{"message","type","code"}}`, or Anthropic's
+//! `{"type":"error","error":{"type","message"}}` on `/v1/messages`.
+
+use serde_json::json;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GatewayError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    ModelNotFound(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    RequestTimeout(String),
+    #[error("{0}")]
+    BadGateway(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    GatewayTimeout(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl GatewayError {
+    pub fn status(&self) -> u16 {
+        match self {
+            GatewayError::BadRequest(_) => 400,
+            GatewayError::Unauthorized(_) => 401,
+            GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => 404,
+            GatewayError::MethodNotAllowed(_) => 405,
+            GatewayError::RequestTimeout(_) => 408,
+            GatewayError::PayloadTooLarge(_) => 413,
+            GatewayError::BadGateway(_) => 502,
+            GatewayError::Unavailable(_) => 503,
+            GatewayError::GatewayTimeout(_) => 504,
+            GatewayError::Internal(_) => 500,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    fn openai_type(&self) -> &'static str {
+        match self {
+            GatewayError::BadRequest(_)
+            | GatewayError::MethodNotAllowed(_)
+            | GatewayError::PayloadTooLarge(_)
+            | GatewayError::RequestTimeout(_) => "invalid_request_error",
+            GatewayError::Unauthorized(_) => "authentication_error",
+            GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => "not_found_error",
+            _ => "api_error",
+        }
+    }
+
+    /// A stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GatewayError::BadRequest(_) => "invalid_request",
+            GatewayError::Unauthorized(_) => "invalid_api_key",
+            GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::NotFound(_) => "unknown_url",
+            GatewayError::MethodNotAllowed(_) => "method_not_allowed",
+            GatewayError::RequestTimeout(_) => "request_timeout",
+            GatewayError::PayloadTooLarge(_) => "request_too_large",
+            GatewayError::BadGateway(_) => "upstream_error",
+            GatewayError::Unavailable(_) => "no_healthy_upstream",
+            GatewayError::GatewayTimeout(_) => "upstream_timeout",
+            GatewayError::Internal(_) => "internal_error",
+        }
+    }
+
+    /// Anthropic's `error.type`.
+    fn anthropic_type(&self) -> &'static str {
+        match self {
+            GatewayError::BadRequest(_)
+            | GatewayError::MethodNotAllowed(_)
+            | GatewayError::RequestTimeout(_) => "invalid_request_error",
+            GatewayError::Unauthorized(_) => "authentication_error",
+            GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => "not_found_error",
+            GatewayError::PayloadTooLarge(_) => "request_too_large",
+            GatewayError::Unavailable(_) => "overloaded_error",
+            GatewayError::GatewayTimeout(_) => "timeout_error",
+            _ => "api_error",
+        }
+    }
+
+    /// The JSON body, Anthropic-shaped when `anthropic`.
+    pub fn body(&self, anthropic: bool) -> Vec<u8> {
+        let msg = self.to_string();
+        let v = if anthropic {
+            json!({"type": "error", "error": {"type": self.anthropic_type(), "message": msg}})
+        } else {
+            json!({"error": {"message": msg, "type": self.openai_type(), "code": self.code()}})
+        };
+        serde_json::to_vec(&v).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes() {
+        let e = GatewayError::ModelNotFound("model \"x\" is not served".into());
+        let v: serde_json::Value = serde_json::from_slice(&e.body(false)).unwrap();
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["type"], "not_found_error");
+        assert_eq!(v["error"]["message"], "model \"x\" is not served");
+        let v: serde_json::Value = serde_json::from_slice(&e.body(true)).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "not_found_error");
+        assert_eq!(e.status(), 404);
+    }
+}

@@ -1,0 +1,16 @@
+//! tokengate: an LLM inference gateway on Cloudflare Pingora.
+//!
+//! `src/` holds the gateway (Pingora glue, config, APIs, state); `plugins/` the pure routing
+//! logic; `sim/` engine-sim, the fake inference engine used by tests and benchmarks.
+
+pub mod admin;
+pub mod api;
+pub mod bigbody;
+pub mod config;
+pub mod error;
+pub mod load;
+pub mod metrics;
+pub mod proxy;
+pub mod server;
+pub mod state;
+pub mod usage;

@@ -1,0 +1,158 @@
+//! The load table: per-instance counters that every scheduling decision reads, and the RAII
+//! guard that keeps them honest.
+//!
+//! A request acquires a [`LoadGuard`] when it is dispatched to an instance (in-flight requests
+//! +1, in-flight tokens +estimate, waiting +1), marks its first byte (waiting −1) and finishes
+//! with an outcome (completed or errors +1). Whatever path the request takes (success,
+//! upstream error, the upstream dying mid-stream, the client hanging up, a retry to another
+//! instance, a panic unwinding the task), the guard's `Drop` gives back exactly what it took,
+//! once.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Live counters of one instance. All atomics: no lock on the hot path.
+#[derive(Debug, Default)]
+pub struct InstanceLoad {
+    inflight_requests: AtomicU64,
+    inflight_tokens: AtomicU64,
+    waiting: AtomicU64,
+    completed: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// A copy of an instance's counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LoadSnapshot {
+    pub inflight_requests: u64,
+    pub inflight_tokens: u64,
+    pub waiting: u64,
+    pub completed: u64,
+    pub errors: u64,
+}
+
+impl InstanceLoad {
+    pub fn snapshot(&self) -> LoadSnapshot {
+        LoadSnapshot {
+            inflight_requests: self.inflight_requests.load(Relaxed),
+            inflight_tokens: self.inflight_tokens.load(Relaxed),
+            waiting: self.waiting.load(Relaxed),
+            completed: self.completed.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+        }
+    }
+}
+
+/// Anything that owns an [`InstanceLoad`] (the gateway's instance type).
+pub trait HasLoad: Send + Sync {
+    fn load(&self) -> &InstanceLoad;
+}
+
+/// How a dispatched request ended, for the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Completed,
+    Failed,
+}
+
+/// The RAII handle of one dispatch. See the module docs.
+#[derive(Debug)]
+pub struct LoadGuard<I: HasLoad> {
+    inst: Arc<I>,
+    tokens: u64,
+    waiting: bool,
+    outcome: Option<Outcome>,
+}
+
+impl<I: HasLoad> LoadGuard<I> {
+    /// Counts a request of `tokens` expected tokens as dispatched to `inst`.
+    pub fn acquire(inst: Arc<I>, tokens: u64) -> Self {
+        let l = inst.load();
+        l.inflight_requests.fetch_add(1, Relaxed);
+        l.inflight_tokens.fetch_add(tokens, Relaxed);
+        l.waiting.fetch_add(1, Relaxed);
+        LoadGuard {
+            inst,
+            tokens,
+            waiting: true,
+            outcome: None,
+        }
+    }
+
+    pub fn instance(&self) -> &Arc<I> {
+        &self.inst
+    }
+
+    /// The first response byte arrived: the request is no longer waiting. Idempotent.
+    pub fn first_byte(&mut self) {
+        if std::mem::take(&mut self.waiting) {
+            self.inst.load().waiting.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Records how the request ended (the last call wins) and releases its load on drop.
+    pub fn set_outcome(&mut self, o: Outcome) {
+        self.outcome = Some(o);
+    }
+
+    /// Records the outcome and releases the counters now.
+    pub fn finish(mut self, o: Outcome) {
+        self.set_outcome(o);
+    }
+}
+
+impl<I: HasLoad> Drop for LoadGuard<I> {
+    fn drop(&mut self) {
+        let l = self.inst.load();
+        if self.waiting {
+            l.waiting.fetch_sub(1, Relaxed);
+        }
+        l.inflight_requests.fetch_sub(1, Relaxed);
+        l.inflight_tokens.fetch_sub(self.tokens, Relaxed);
+        match self.outcome {
+            Some(Outcome::Completed) => l.completed.fetch_add(1, Relaxed),
+            // A guard dropped without an outcome was abandoned (task cancelled): an error.
+            Some(Outcome::Failed) | None => l.errors.fetch_add(1, Relaxed),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct I(InstanceLoad);
+    impl HasLoad for I {
+        fn load(&self) -> &InstanceLoad {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn every_path_returns_to_zero_exactly_once() {
+        let i = Arc::new(I::default());
+        let mut a = LoadGuard::acquire(i.clone(), 100);
+        let b = LoadGuard::acquire(i.clone(), 50);
+        let c = LoadGuard::acquire(i.clone(), 7);
+        let s = i.0.snapshot();
+        assert_eq!((s.inflight_requests, s.inflight_tokens, s.waiting), (3, 157, 3));
+        a.first_byte();
+        a.first_byte();
+        assert_eq!(i.0.snapshot().waiting, 2);
+        a.finish(Outcome::Completed);
+        b.finish(Outcome::Failed);
+        drop(c); // abandoned
+        let s = i.0.snapshot();
+        assert_eq!(
+            s,
+            LoadSnapshot {
+                inflight_requests: 0,
+                inflight_tokens: 0,
+                waiting: 0,
+                completed: 1,
+                errors: 2
+            }
+        );
+    }
+}

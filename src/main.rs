@@ -1,0 +1,108 @@
+//! The `tokengate` command line.
+
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tokengate::config::Config;
+use tokengate::server;
+
+/// tokengate: an LLM inference gateway on Cloudflare Pingora.
+///
+/// It reads each request's JSON body, routes it by model to one of many inference engines
+/// (vLLM, SGLang, ...) by load, streams the answer back unbuffered, and counts tokens and
+/// time-to-first-token. Log level: the RUST_LOG environment variable (default: info; the
+/// access log is the `access` target, e.g. RUST_LOG=info,access=off).
+#[derive(Parser)]
+#[command(name = "tokengate", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the gateway with a YAML config.
+    ///
+    /// Prints one line per listener once bound ("tokengate: proxy listening on http://ADDR",
+    /// "tokengate: admin listening on http://ADDR"); a port of 0 in the config picks a free one.
+    /// SIGTERM shuts down gracefully (in-flight requests finish), SIGINT at once.
+    Serve {
+        /// The config file (see conf/ for commented examples).
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Validate a config file: exit 0 when valid; otherwise print every error with its YAML
+    /// path (e.g. `services[1].instances[0].addr: invalid socket address`) and exit 1.
+    Check {
+        /// The config file to check.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+}
+
+fn init_logging() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_micros()
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Check { config } => match Config::load(&config) {
+            Ok(c) => {
+                let n: usize = c.services.iter().map(|s| s.instances.len()).sum();
+                println!(
+                    "{}: ok ({} services, {} instances)",
+                    config.display(),
+                    c.services.len(),
+                    n
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{}: invalid config", config.display());
+                for line in e.0 {
+                    eprintln!("  {line}");
+                }
+                ExitCode::from(1)
+            }
+        },
+        Cmd::Serve { config } => {
+            init_logging();
+            let cfg = match Config::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{}: invalid config", config.display());
+                    for line in e.0 {
+                        eprintln!("  {line}");
+                    }
+                    return ExitCode::from(1);
+                }
+            };
+            let listeners = match server::Listeners::bind(&cfg) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("tokengate: {e:#}");
+                    return ExitCode::from(1);
+                }
+            };
+            {
+                let mut out = std::io::stdout().lock();
+                for a in listeners.proxy_addrs() {
+                    let _ = writeln!(out, "tokengate: proxy listening on http://{a}");
+                }
+                if let Some(a) = listeners.admin_addr() {
+                    let _ = writeln!(out, "tokengate: admin listening on http://{a}");
+                }
+                let _ = out.flush();
+            }
+            if let Err(e) = server::run(cfg, listeners) {
+                eprintln!("tokengate: {e:#}");
+                return ExitCode::from(1);
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Prometheus metrics, served as text on the admin listener's `/metrics`.
+//!
+//! Counters and histograms are updated once per request in the `logging` hook; the in-flight
+//! gauges are copied from the load table when scraped, so the hot path pays nothing for them.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: IntCounterVec,
+    pub duration: HistogramVec,
+    pub ttft: HistogramVec,
+    pub tokens: IntCounterVec,
+    pub inflight_requests: IntGaugeVec,
+    pub inflight_tokens: IntGaugeVec,
+    pub waiting: IntGaugeVec,
+    pub decisions: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "tokengate_requests_total",
+                "Requests answered, by model, instance (\"-\" when none was chosen) and status code",
+            ),
+            &["model", "instance", "code"],
+        )
+        .expect("metric");
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "tokengate_request_duration_seconds",
+                "Time from the request's arrival to its last response byte",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["model"],
+        )
+        .expect("metric");
+        let ttft = HistogramVec::new(
+            HistogramOpts::new(
+                "tokengate_ttft_seconds",
+                "Time to first token of streaming requests: arrival to the first response body chunk",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["model"],
+        )
+        .expect("metric");
+        let tokens = IntCounterVec::new(
+            Opts::new(
+                "tokengate_tokens_total",
+                "Tokens reported by the engines' usage: prompt, completion, and cached (prompt tokens served from the prefix cache)",
+            ),
+            &["kind"],
+        )
+        .expect("metric");
+        let inflight_requests = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_inflight_requests",
+                "Requests dispatched to an instance and not finished",
+            ),
+            &["instance"],
+        )
+        .expect("metric");
+        let inflight_tokens = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_inflight_tokens",
+                "Expected tokens (prompt estimate + output limit) of the requests in flight on an instance",
+            ),
+            &["instance"],
+        )
+        .expect("metric");
+        let waiting = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_waiting_requests",
+                "Requests dispatched to an instance that have no first byte yet",
+            ),
+            &["instance"],
+        )
+        .expect("metric");
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "tokengate_routing_decisions_total",
+                "Routing decisions, by the reason the instance was chosen",
+            ),
+            &["reason"],
+        )
+        .expect("metric");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(duration.clone()),
+            Box::new(ttft.clone()),
+            Box::new(tokens.clone()),
+            Box::new(inflight_requests.clone()),
+            Box::new(inflight_tokens.clone()),
+            Box::new(waiting.clone()),
+            Box::new(decisions.clone()),
+        ] {
+            registry.register(c).expect("unique metric names");
+        }
+        for kind in ["prompt", "completion", "cached"] {
+            tokens.with_label_values(&[kind]);
+        }
+        Metrics {
+            registry,
+            requests,
+            duration,
+            ttft,
+            tokens,
+            inflight_requests,
+            inflight_tokens,
+            waiting,
+            decisions,
+        }
+    }
+
+    /// Prometheus text exposition of everything registered.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8192);
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

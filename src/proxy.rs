@@ -1,0 +1,746 @@
+//! The Pingora proxy: one [`Gateway`] implementing `ProxyHttp`, and the per-request [`Ctx`].
+//!
+//! Flow of one request (see DESIGN.md "One request, end to end"):
+//! 1. `request_filter`: local endpoints, auth, `Expect: 100-continue`, read the whole body
+//!    (bounded), parse it into a [`RequestInfo`], resolve the service, prepare the upstream
+//!    body (byte-exact, or rewritten). Bodies that fit Pingora's 64 KiB retry buffer take the
+//!    plain path; larger ones are handed to a subrequest ([`crate::bigbody`]) that runs this
+//!    same pipeline with the body fed from memory.
+//! 2. `upstream_peer`: candidates minus instances already tried → load balancing → an RAII
+//!    [`LoadGuard`] → `HttpPeer`.
+//! 3. `upstream_request_filter` / `request_body_filter`: fix headers, send our copy of the body.
+//! 4. Response filters: routing headers, first byte, TTFT, usage from JSON or SSE.
+//! 5. `logging`: outcome into the load table, metrics, one access-log line.
+
+use crate::api::{self, Api, RequestInfo};
+use crate::bigbody;
+use crate::error::GatewayError;
+use crate::load::{LoadGuard, Outcome};
+use crate::metrics::Metrics;
+use crate::state::{Instance, Runtime, Service};
+use crate::usage::{JsonCollector, SseScanner, Usage};
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use bytes::Bytes;
+use log::{debug, info, warn};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::*;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::ErrorType;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest body Pingora can replay from its retry buffer (`BODY_BUF_LIMIT` in pingora-core).
+pub const RETRY_BUFFER_LIMIT: usize = 64 * 1024;
+/// Attempts per request (first try + connect-failure retries to other instances).
+const MAX_ATTEMPTS: usize = 3;
+
+/// State shared by every request.
+pub struct Shared {
+    pub runtime: ArcSwap<Runtime>,
+    pub metrics: Metrics,
+}
+
+/// The proxy application.
+pub struct Gateway {
+    pub shared: Arc<Shared>,
+}
+
+/// What a subrequest inherits from the main request that read the body.
+pub struct Handoff {
+    pub route: Route,
+    pub body: Bytes,
+}
+
+/// A parsed, resolved request: everything needed to pick an instance and send the body.
+#[derive(Clone)]
+pub struct Route {
+    pub api: Api,
+    pub info: Arc<RequestInfo>,
+    pub service: Arc<Service>,
+    pub runtime: Arc<Runtime>,
+    pub start: Instant,
+    pub request_id: String,
+    /// The gateway added `stream_options.include_usage`; remove the usage chunk downstream.
+    pub strip_usage: bool,
+    /// Forward the client's Authorization / x-api-key headers (gateway auth disabled).
+    pub forward_auth: bool,
+}
+
+/// Per-request context.
+pub struct Ctx {
+    start: Instant,
+    request_id: String,
+    api: Option<Api>,
+    route: Option<Route>,
+    /// The body sent upstream (the client's bytes, or a rewrite).
+    body: Option<Bytes>,
+    /// Instances already tried (indexes in the service).
+    tried: Vec<usize>,
+    guard: Option<LoadGuard<Instance>>,
+    instance_id: Option<String>,
+    reason: &'static str,
+    ttft: Option<Duration>,
+    body_seen: bool,
+    sse: Option<SseScanner>,
+    json: Option<JsonCollector>,
+    usage: Usage,
+    upstream_status: Option<u16>,
+    /// Main request whose body went to a subrequest; the subrequest accounts for it.
+    delegated: bool,
+    /// Status of a response the gateway wrote itself.
+    local_status: Option<u16>,
+    local_error: Option<String>,
+    deadline_hit: bool,
+}
+
+impl Ctx {
+    fn anthropic(&self) -> bool {
+        self.api.is_some_and(Api::is_anthropic)
+    }
+}
+
+/// Constant-time comparison of a presented key with a configured one.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn header_str<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
+    req.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The key a client presented: `Authorization: Bearer …` (OpenAI SDKs) or `x-api-key`
+/// (Anthropic SDKs).
+fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
+    if let Some(v) = req.headers.get("authorization") {
+        let v = v.as_bytes();
+        if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
+            return Some(v[7..].trim_ascii());
+        }
+    }
+    req.headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii())
+}
+
+/// Writes a complete local response.
+pub async fn respond(
+    session: &mut Session,
+    status: u16,
+    content_type: &str,
+    body: Vec<u8>,
+    request_id: &str,
+) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(4))?;
+    h.insert_header("content-type", content_type)?;
+    h.insert_header("content-length", body.len().to_string())?;
+    if !request_id.is_empty() {
+        h.insert_header("x-request-id", request_id)?;
+    }
+    if status == 405 {
+        h.insert_header("allow", "POST")?;
+    }
+    session.write_response_header(Box::new(h), false).await?;
+    session
+        .write_response_body(Some(Bytes::from(body)), true)
+        .await?;
+    Ok(())
+}
+
+/// A Pingora error that `fail_to_proxy` turns into this gateway error.
+fn gw_err(e: GatewayError) -> Box<Error> {
+    Error::explain(ErrorType::HTTPStatus(e.status()), e.to_string())
+}
+
+impl Gateway {
+    async fn reject(&self, session: &mut Session, ctx: &mut Ctx, e: GatewayError) -> Result<bool> {
+        let status = e.status();
+        ctx.local_status = Some(status);
+        ctx.local_error = Some(e.to_string());
+        // A request whose body we did not read cannot leave the connection reusable.
+        if !session.is_body_done() {
+            session.set_keepalive(None);
+        }
+        respond(
+            session,
+            status,
+            "application/json",
+            e.body(ctx.anthropic()),
+            &ctx.request_id,
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// Reads the whole request body, at most `max` bytes.
+    async fn read_body(session: &mut Session, max: usize) -> Result<Result<Bytes, GatewayError>> {
+        let mut parts: Vec<Bytes> = Vec::new();
+        let mut len = 0usize;
+        loop {
+            let chunk = session.read_request_body().await.map_err(|e| e.into_down())?;
+            let Some(chunk) = chunk else { break };
+            len += chunk.len();
+            if len > max {
+                return Ok(Err(GatewayError::PayloadTooLarge(format!(
+                    "request body exceeds max_body_bytes ({max} bytes)"
+                ))));
+            }
+            parts.push(chunk);
+        }
+        Ok(Ok(match parts.len() {
+            0 => Bytes::new(),
+            1 => parts.pop().expect("one part"),
+            _ => {
+                let mut v = Vec::with_capacity(len);
+                for p in &parts {
+                    v.extend_from_slice(p);
+                }
+                Bytes::from(v)
+            }
+        }))
+    }
+
+    /// The main request's part of `request_filter`. Returns Ok(true) when answered.
+    async fn main_request(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let rt = self.shared.runtime.load_full();
+        let req = session.req_header();
+        let path = req.uri.path();
+        let method = req.method.clone();
+        let Some(api) = Api::from_path(path) else {
+            return match (method.as_str(), path.trim_end_matches('/')) {
+                ("GET", "/v1/models") => {
+                    ctx.local_status = Some(200);
+                    let body = serde_json::to_vec(&rt.models_json()).unwrap_or_default();
+                    respond(session, 200, "application/json", body, &ctx.request_id).await?;
+                    Ok(true)
+                }
+                ("GET", "/health") => {
+                    ctx.local_status = Some(200);
+                    respond(session, 200, "text/plain", b"ok\n".to_vec(), &ctx.request_id).await?;
+                    Ok(true)
+                }
+                (_, "/v1/models") | (_, "/health") => {
+                    let e = GatewayError::MethodNotAllowed(format!(
+                        "method {method} is not allowed on {path}; use GET"
+                    ));
+                    self.reject(session, ctx, e).await
+                }
+                _ => {
+                    let e = GatewayError::NotFound(format!(
+                        "unknown path {path}; tokengate serves POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and GET /v1/models"
+                    ));
+                    self.reject(session, ctx, e).await
+                }
+            };
+        };
+        ctx.api = Some(api);
+        if method != http::Method::POST {
+            let e = GatewayError::MethodNotAllowed(format!(
+                "method {method} is not allowed on {path}; use POST"
+            ));
+            return self.reject(session, ctx, e).await;
+        }
+        // Auth before anything is read.
+        if !rt.api_keys.is_empty() {
+            let ok = presented_key(session.req_header())
+                .is_some_and(|k| rt.api_keys.iter().any(|c| ct_eq(k, c)));
+            if !ok {
+                let msg = if presented_key(session.req_header()).is_some() {
+                    "invalid API key"
+                } else {
+                    "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
+                };
+                return self
+                    .reject(session, ctx, GatewayError::Unauthorized(msg.into()))
+                    .await;
+            }
+        }
+        let max = rt.max_body_bytes;
+        if let Some(cl) = header_str(session.req_header(), "content-length") {
+            if cl.trim().parse::<usize>().is_ok_and(|n| n > max) {
+                let e = GatewayError::PayloadTooLarge(format!(
+                    "request body of {cl} bytes exceeds max_body_bytes ({max} bytes)"
+                ));
+                return self.reject(session, ctx, e).await;
+            }
+        }
+        if header_str(session.req_header(), "expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+        {
+            session.req_header_mut().remove_header("expect");
+            session
+                .downstream_session
+                .write_continue_response()
+                .await
+                .map_err(|e| e.into_down())?;
+        }
+        session.enable_retry_buffering();
+        let body = match Self::read_body(session, max).await? {
+            Ok(b) => b,
+            Err(e) => return self.reject(session, ctx, e).await,
+        };
+        let info = match api::parse_request(api, &body) {
+            Ok(i) => i,
+            Err(e) => return self.reject(session, ctx, e).await,
+        };
+        let Some((service, fallback)) = rt.resolve(&info.model) else {
+            let e = GatewayError::ModelNotFound(format!(
+                "model {:?} is not served here; GET /v1/models lists the models",
+                info.model
+            ));
+            return self.reject(session, ctx, e).await;
+        };
+        // The upstream body: the client's bytes unless a feature must rewrite them.
+        let mut upstream_body = body;
+        if fallback {
+            match api::rewrite_model(&upstream_body, &service.name) {
+                Some(b) => upstream_body = Bytes::from(b),
+                None => {
+                    let e = GatewayError::BadRequest("request body must be a JSON object".into());
+                    return self.reject(session, ctx, e).await;
+                }
+            }
+        }
+        let mut strip_usage = false;
+        if info.stream && api.has_stream_options() && !info.client_wants_usage {
+            let injected = if info.has_stream_options {
+                set_include_usage(&upstream_body)
+            } else {
+                api::inject_include_usage(&upstream_body)
+            };
+            if let Some(b) = injected {
+                upstream_body = Bytes::from(b);
+                strip_usage = true;
+            }
+        }
+        let forward_auth = rt.api_keys.is_empty();
+        let route = Route {
+            api,
+            info: Arc::new(info),
+            service,
+            runtime: rt,
+            start: ctx.start,
+            request_id: ctx.request_id.clone(),
+            strip_usage,
+            forward_auth,
+        };
+        if session.as_ref().retry_buffer_truncated() {
+            // Pingora cannot replay this body from its retry buffer: run the proxy pipeline
+            // as a subrequest that is fed the body from memory.
+            ctx.delegated = true;
+            bigbody::run(
+                session,
+                Handoff {
+                    route,
+                    body: upstream_body,
+                },
+            )
+            .await?;
+            return Ok(true);
+        }
+        ctx.route = Some(route);
+        ctx.body = Some(upstream_body);
+        Ok(false)
+    }
+}
+
+/// Sets `stream_options.include_usage: true` in a body that already has `stream_options`.
+fn set_include_usage(body: &[u8]) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let so = v.as_object_mut()?.get_mut("stream_options")?.as_object_mut()?;
+    so.insert("include_usage".into(), serde_json::Value::Bool(true));
+    serde_json::to_vec(&v).ok()
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx {
+            start: Instant::now(),
+            request_id: String::new(),
+            api: None,
+            route: None,
+            body: None,
+            tried: Vec::new(),
+            guard: None,
+            instance_id: None,
+            reason: "",
+            ttft: None,
+            body_seen: false,
+            sse: None,
+            json: None,
+            usage: Usage::default(),
+            upstream_status: None,
+            delegated: false,
+            local_status: None,
+            local_error: None,
+            deadline_hit: false,
+        }
+    }
+
+    fn allow_spawning_subrequest(&self, session: &Session, _ctx: &Ctx) -> bool {
+        session.subrequest_ctx.is_none()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        // A subrequest carries the main request's parsed route and body.
+        if let Some(sub) = session.subrequest_ctx.as_mut() {
+            let handoff = sub
+                .user_ctx_mut()
+                .and_then(|u| u.downcast_mut::<Option<Handoff>>())
+                .and_then(Option::take);
+            let Some(h) = handoff else {
+                return Err(Error::explain(
+                    ErrorType::InternalError,
+                    "subrequest without a handoff",
+                ));
+            };
+            ctx.start = h.route.start;
+            ctx.request_id = h.route.request_id.clone();
+            ctx.api = Some(h.route.api);
+            ctx.route = Some(h.route);
+            ctx.body = Some(h.body);
+            return Ok(false);
+        }
+        ctx.request_id = match header_str(session.req_header(), "x-request-id") {
+            Some(id) if !id.is_empty() && id.len() <= 200 => id.to_string(),
+            _ => uuid::Uuid::new_v4().simple().to_string(),
+        };
+        self.main_request(session, ctx).await
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let Some(route) = ctx.route.as_ref() else {
+            return Err(Error::explain(ErrorType::InternalError, "no route"));
+        };
+        // A retry: the previous attempt failed to connect.
+        if let Some(g) = ctx.guard.take() {
+            g.finish(Outcome::Failed);
+        }
+        let svc = &route.service;
+        if ctx.tried.len() >= MAX_ATTEMPTS {
+            return Err(gw_err(GatewayError::BadGateway(format!(
+                "{} attempts to reach an instance of {:?} failed",
+                ctx.tried.len(),
+                svc.name
+            ))));
+        }
+        let cands = svc.candidates(&ctx.tried);
+        let turn = svc.next_turn();
+        let Some(pick) = tokengate_plugins::pick(svc.policy, &cands, turn) else {
+            return Err(gw_err(GatewayError::Unavailable(format!(
+                "no instance of {:?} is available ({} tried)",
+                svc.name,
+                ctx.tried.len()
+            ))));
+        };
+        let chosen = cands[pick.pos];
+        let inst = svc.instances[chosen.idx].clone();
+        debug!(
+            "route {} model={} service={} policy={} chose={} candidates=[{}]",
+            ctx.request_id,
+            route.info.model,
+            svc.name,
+            svc.policy,
+            inst.id,
+            cands
+                .iter()
+                .map(|c| format!(
+                    "{}:req={},tok={},wait={}",
+                    svc.instances[c.idx].id, c.inflight_requests, c.inflight_tokens, c.waiting
+                ))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        ctx.reason = pick.reason.as_str();
+        self.shared
+            .metrics
+            .decisions
+            .with_label_values(&[ctx.reason])
+            .inc();
+        ctx.tried.push(chosen.idx);
+        ctx.instance_id = Some(inst.id.clone());
+        let tokens = route.info.expected_tokens();
+        ctx.guard = Some(LoadGuard::acquire(inst.clone(), tokens));
+        let t = &route.runtime.timeouts;
+        let mut peer = HttpPeer::new(inst.addr, false, String::new());
+        peer.options.connection_timeout = Some(t.connect);
+        peer.options.total_connection_timeout = Some(t.connect);
+        peer.options.read_timeout = Some(t.first_byte.max(t.idle));
+        peer.options.write_timeout = Some(t.idle);
+        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let Some(route) = ctx.route.as_ref() {
+            let more = route.service.instances.len() > ctx.tried.len();
+            if more && ctx.tried.len() < MAX_ATTEMPTS {
+                warn!(
+                    "request {}: connect to {} failed ({e}); retrying on another instance",
+                    ctx.request_id,
+                    ctx.instance_id.as_deref().unwrap_or("-")
+                );
+                e.set_retry(true);
+            }
+        }
+        e
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        up: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let len = ctx.body.as_ref().map_or(0, Bytes::len);
+        up.remove_header("transfer-encoding");
+        up.remove_header("expect");
+        up.insert_header("content-length", len.to_string())?;
+        // The gateway parses the response: no compression.
+        up.remove_header("accept-encoding");
+        up.insert_header("x-request-id", ctx.request_id.as_str())?;
+        if let Some(route) = ctx.route.as_ref() {
+            if !route.forward_auth {
+                // The client's key is the gateway's, not the engine's.
+                up.remove_header("authorization");
+                up.remove_header("x-api-key");
+            }
+        }
+        Ok(())
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        // The client's body was read in request_filter; send our copy, whole, once.
+        if end_of_stream {
+            *body = ctx.body.clone().filter(|b| !b.is_empty());
+        } else {
+            *body = None;
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if ctx.local_status.is_some() {
+            return Ok(());
+        }
+        if let Some(g) = ctx.guard.as_mut() {
+            g.first_byte();
+        }
+        ctx.upstream_status = Some(resp.status.as_u16());
+        let is_sse = resp
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let strip = ctx.route.as_ref().is_some_and(|r| r.strip_usage);
+        if is_sse {
+            ctx.sse = Some(SseScanner::new(strip));
+            if strip {
+                resp.remove_header("content-length");
+            }
+        } else {
+            ctx.json = Some(JsonCollector::default());
+        }
+        if let Some(id) = ctx.instance_id.as_deref() {
+            resp.insert_header("x-tokengate-instance", id)?;
+        }
+        if !ctx.reason.is_empty() {
+            resp.insert_header("x-tokengate-reason", ctx.reason)?;
+        }
+        resp.insert_header("x-request-id", ctx.request_id.as_str())?;
+        Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Duration>> {
+        if ctx.local_status.is_some() {
+            return Ok(None);
+        }
+        if let Some(b) = body.as_ref() {
+            if !b.is_empty() && !ctx.body_seen {
+                ctx.body_seen = true;
+                ctx.ttft = Some(ctx.start.elapsed());
+            }
+            if let Some(sse) = ctx.sse.as_mut() {
+                if let Some(replaced) = sse.feed(b) {
+                    *body = Some(replaced);
+                }
+            } else if let Some(j) = ctx.json.as_mut() {
+                j.feed(b);
+            }
+        }
+        if end_of_stream {
+            if let Some(sse) = ctx.sse.as_mut() {
+                if let Some(rest) = sse.finish() {
+                    if !rest.is_empty() {
+                        let mut v = body.take().map(|b| b.to_vec()).unwrap_or_default();
+                        v.extend_from_slice(&rest);
+                        *body = Some(Bytes::from(v));
+                    }
+                }
+                ctx.usage = sse.usage;
+            } else if let Some(j) = ctx.json.as_mut() {
+                ctx.usage = j.finish().unwrap_or_default();
+            }
+        } else if let Some(route) = ctx.route.as_ref() {
+            if ctx.start.elapsed() > route.runtime.timeouts.total {
+                ctx.deadline_hit = true;
+                return Err(Error::explain(
+                    ErrorType::HTTPStatus(504),
+                    "request exceeded timeouts.total",
+                ));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        let msg = e.context.as_ref().map(|c| c.as_str().to_string());
+        let up = ctx.instance_id.as_deref().unwrap_or("-");
+        let ge = match e.etype() {
+            ErrorType::HTTPStatus(503) => {
+                GatewayError::Unavailable(msg.unwrap_or_else(|| "no instance available".into()))
+            }
+            ErrorType::HTTPStatus(504) => {
+                GatewayError::GatewayTimeout(msg.unwrap_or_else(|| "upstream timed out".into()))
+            }
+            ErrorType::HTTPStatus(502) => {
+                GatewayError::BadGateway(msg.unwrap_or_else(|| "upstream failed".into()))
+            }
+            ErrorType::HTTPStatus(c) if *c >= 400 && *c < 500 => {
+                GatewayError::BadRequest(msg.unwrap_or_else(|| "bad request".into()))
+            }
+            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
+                GatewayError::GatewayTimeout(format!("instance {up} timed out ({e})"))
+            }
+            ErrorType::ConnectRefused | ErrorType::ConnectNoRoute | ErrorType::ConnectError => {
+                GatewayError::BadGateway(format!("cannot connect to instance {up} ({e})"))
+            }
+            _ => match e.esource() {
+                pingora::ErrorSource::Downstream => {
+                    // The client is gone or sent garbage; nothing useful to answer.
+                    return FailToProxy {
+                        error_code: 0,
+                        can_reuse_downstream: false,
+                    };
+                }
+                _ => GatewayError::BadGateway(format!("instance {up} failed: {e}")),
+            },
+        };
+        let code = ge.status();
+        ctx.local_error = Some(ge.to_string());
+        // Only when nothing was sent yet can we answer with a clean error.
+        let headers_sent = session.response_written().is_some();
+        if !headers_sent {
+            ctx.local_status = Some(code);
+            let _ = respond(
+                session,
+                code,
+                "application/json",
+                ge.body(ctx.anthropic()),
+                &ctx.request_id,
+            )
+            .await;
+        }
+        FailToProxy {
+            error_code: if headers_sent { 0 } else { code },
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        if ctx.delegated {
+            return; // the subrequest that carried this request logged it
+        }
+        let status = ctx
+            .local_status
+            .or_else(|| session.response_written().map(|r| r.status.as_u16()))
+            .unwrap_or(0);
+        let failed = e.is_some() || status >= 500 || status == 0 || ctx.deadline_hit;
+        if let Some(g) = ctx.guard.take() {
+            g.finish(if failed {
+                Outcome::Failed
+            } else {
+                Outcome::Completed
+            });
+        }
+        let m = &self.shared.metrics;
+        let model = ctx.route.as_ref().map_or("-", |r| r.service.name.as_str());
+        let instance = ctx.instance_id.as_deref().unwrap_or("-");
+        let code = status.to_string();
+        m.requests
+            .with_label_values(&[model, instance, code.as_str()])
+            .inc();
+        let dur = ctx.start.elapsed();
+        if ctx.route.is_some() {
+            m.duration
+                .with_label_values(&[model])
+                .observe(dur.as_secs_f64());
+        }
+        let stream = ctx.route.as_ref().is_some_and(|r| r.info.stream);
+        if let (true, Some(t)) = (stream, ctx.ttft) {
+            m.ttft.with_label_values(&[model]).observe(t.as_secs_f64());
+        }
+        let u = ctx.usage;
+        if let Some(p) = u.prompt {
+            m.tokens.with_label_values(&["prompt"]).inc_by(p);
+        }
+        if let Some(c) = u.completion {
+            m.tokens.with_label_values(&["completion"]).inc_by(c);
+        }
+        if let Some(c) = u.cached {
+            m.tokens.with_label_values(&["cached"]).inc_by(c);
+        }
+        let req = session.req_header();
+        let err = match (e, ctx.local_error.as_deref()) {
+            (_, Some(m)) => format!(" error={m:?}"),
+            (Some(e), None) => format!(" error={:?}", e.to_string()),
+            _ => String::new(),
+        };
+        info!(
+            target: "access",
+            "{} {} {} model={} instance={} status={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
+            req.method,
+            req.uri.path(),
+            if stream { "stream" } else { "unary" },
+            ctx.route.as_ref().map_or("-", |r| r.info.model.as_str()),
+            instance,
+            status,
+            ctx.ttft.map_or("-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),
+            dur.as_secs_f64() * 1e3,
+            u.prompt.map_or("-".into(), |v| v.to_string()),
+            u.completion.map_or("-".into(), |v| v.to_string()),
+            u.cached.map_or("-".into(), |v| v.to_string()),
+            if ctx.reason.is_empty() { "-" } else { ctx.reason },
+            ctx.request_id,
+            err,
+        );
+    }
+}

@@ -1,0 +1,175 @@
+//! Starting the gateway: bind the listeners (so `127.0.0.1:0` works and the real addresses
+//! can be printed), then run the Pingora proxy app and the admin app on them inside a
+//! Pingora `Server` (which owns the runtime, signals and graceful shutdown).
+
+use crate::admin::Admin;
+use crate::config::Config;
+use crate::proxy::{Gateway, Shared};
+use crate::metrics::Metrics;
+use crate::state::Runtime;
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use log::{error, info};
+use parking_lot::Mutex;
+use pingora::apps::ServerApp;
+use pingora::server::configuration::ServerConf;
+use pingora::server::{Server, ShutdownWatch};
+use pingora::services::background::{background_service, BackgroundService};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+
+/// Listeners bound before the server starts.
+pub struct Listeners {
+    pub proxy: Vec<TcpListener>,
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    /// Binds every address of the config.
+    pub fn bind(cfg: &Config) -> anyhow::Result<Listeners> {
+        let mut proxy = Vec::new();
+        for (i, a) in cfg.listen.iter().enumerate() {
+            let l = TcpListener::bind(a).with_context(|| format!("listen[{i}]: cannot bind {a}"))?;
+            proxy.push(l);
+        }
+        let admin = TcpListener::bind(&cfg.admin_listen)
+            .with_context(|| format!("admin_listen: cannot bind {}", cfg.admin_listen))?;
+        Ok(Listeners { proxy, admin })
+    }
+
+    pub fn proxy_addrs(&self) -> Vec<SocketAddr> {
+        self.proxy.iter().filter_map(|l| l.local_addr().ok()).collect()
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.local_addr().ok()
+    }
+}
+
+/// Accepts connections and hands them to a Pingora app, until shutdown.
+async fn accept_loop<A>(listener: TcpListener, app: Arc<A>, mut shutdown: ShutdownWatch)
+where
+    A: ServerApp + Send + Sync + 'static,
+{
+    if let Err(e) = listener.set_nonblocking(true) {
+        error!("cannot set listener non-blocking: {e}");
+        return;
+    }
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            error!("cannot register listener: {e}");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((sock, _)) => {
+                    let _ = sock.set_nodelay(true);
+                    let app = app.clone();
+                    let shutdown = shutdown.clone();
+                    tokio::spawn(async move {
+                        let stream: pingora::protocols::Stream =
+                            Box::new(pingora::protocols::l4::stream::Stream::from(sock));
+                        let mut next = app.process_new(stream, &shutdown).await;
+                        while let Some(s) = next {
+                            next = app.process_new(s, &shutdown).await;
+                        }
+                    });
+                }
+                Err(e) => {
+                    error!("accept failed: {e}");
+                    if e.raw_os_error() == Some(24) {
+                        // Out of file descriptors: let in-flight requests release some.
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    }
+                }
+            },
+            r = shutdown.changed() => {
+                if r.is_err() || *shutdown.borrow() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+struct Acceptor {
+    listeners: Mutex<Option<Listeners>>,
+    proxy: Arc<pingora::proxy::HttpProxy<Gateway>>,
+    admin: Arc<Admin>,
+}
+
+#[async_trait]
+impl BackgroundService for Acceptor {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let Some(l) = self.listeners.lock().take() else {
+            return;
+        };
+        let mut tasks = Vec::new();
+        for pl in l.proxy {
+            tasks.push(tokio::spawn(accept_loop(
+                pl,
+                self.proxy.clone(),
+                shutdown.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(accept_loop(
+            l.admin,
+            self.admin.clone(),
+            shutdown.clone(),
+        )));
+        while !*shutdown.borrow() {
+            if shutdown.changed().await.is_err() {
+                break;
+            }
+        }
+        info!("shutting down: no longer accepting connections");
+        self.proxy.cleanup().await;
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Builds the shared state of a validated config.
+pub fn shared_state(cfg: &Config) -> Arc<Shared> {
+    Arc::new(Shared {
+        runtime: ArcSwap::from_pointee(Runtime::from_config(cfg)),
+        metrics: Metrics::new(),
+    })
+}
+
+/// Runs the gateway on bound listeners; returns only on a startup error (the Pingora server
+/// exits the process when it shuts down).
+pub fn run(cfg: Config, listeners: Listeners) -> anyhow::Result<()> {
+    let threads = cfg
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let conf = ServerConf {
+        threads,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(30),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let shared = shared_state(&cfg);
+    let proxy = pingora::proxy::http_proxy(
+        &server.configuration,
+        Gateway {
+            shared: shared.clone(),
+        },
+    );
+    let acceptor = Acceptor {
+        listeners: Mutex::new(Some(listeners)),
+        proxy: Arc::new(proxy),
+        admin: Arc::new(Admin { shared }),
+    };
+    let mut svc = background_service("tokengate", acceptor);
+    svc.threads = Some(threads);
+    server.add_service(svc);
+    server.run_forever();
+}
