@@ -1,0 +1,402 @@
+//! Test support: the real `tokengate` binary as a child process, and a scriptable HTTP/1.1
+//! upstream on 127.0.0.1:0. No fixed ports, no sleeps: readiness is read from the gateway's
+//! stdout, waits poll with a deadline.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A running gateway process; killed on drop.
+pub struct GatewayProc {
+    pub child: Child,
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl GatewayProc {
+    /// Writes `yaml` (which must not set `listen` / `admin_listen`) to a temp file, adds
+    /// loopback listeners on port 0, starts `tokengate serve` and waits for its listeners.
+    pub fn start(yaml: &str) -> GatewayProc {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = dir.path().join("tokengate.yaml");
+        let full = format!("listen: [\"127.0.0.1:0\"]\nadmin_listen: 127.0.0.1:0\nthreads: 2\n{yaml}");
+        std::fs::write(&cfg, full).expect("write config");
+        let log = dir.path().join("tokengate.log");
+        let logf = std::fs::File::create(&log).expect("log file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+            .args(["serve", "-c"])
+            .arg(&cfg)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(logf))
+            .spawn()
+            .expect("spawn tokengate");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let (mut proxy, mut admin) = (None, None);
+        let deadline = Instant::now() + DEADLINE;
+        while proxy.is_none() || admin.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match rx.recv_timeout(left) {
+                Ok(l) => l,
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!(
+                        "gateway did not report its listeners; log:\n{}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    );
+                }
+            };
+            let addr = |l: &str| -> SocketAddr {
+                l.rsplit("http://").next().unwrap().trim().parse().unwrap()
+            };
+            if line.starts_with("tokengate: proxy listening on") {
+                proxy = Some(addr(&line));
+            } else if line.starts_with("tokengate: admin listening on") {
+                admin = Some(addr(&line));
+            }
+        }
+        GatewayProc {
+            child,
+            proxy: proxy.unwrap(),
+            admin: admin.unwrap(),
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.proxy, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Polls `/admin/instances` until every instance has zero in-flight requests, tokens and
+    /// waiting requests, or panics at the deadline with the last snapshot.
+    pub async fn wait_idle(&self) -> serde_json::Value {
+        let c = reqwest::Client::new();
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let v: serde_json::Value = c
+                .get(self.admin_url("/admin/instances"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let idle = v["instances"].as_array().unwrap().iter().all(|i| {
+                i["inflight_requests"] == 0 && i["inflight_tokens"] == 0 && i["waiting"] == 0
+            });
+            if idle {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!("load table never returned to zero: {v:#}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(self.admin_url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for GatewayProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` until it returns true or the deadline passes.
+pub async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
+    what: &str,
+    mut f: F,
+) {
+    let deadline = Instant::now() + DEADLINE;
+    while !f().await {
+        if Instant::now() > deadline {
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A scriptable upstream. The behaviour of each request is chosen by its `x-mock` header:
+/// - absent or `echo`: 200 JSON `{len, hash, content_length, transfer_encoding, request_id,
+///   auth, usage}` describing the request as received;
+/// - `sse`: an SSE stream of `x-mock-chunks` (default 5) chat chunks; after the first it waits
+///   for [`Mock::release`] when `x-mock-gate: 1`; a usage chunk at the end when the body asks
+///   for `include_usage`; then `data: [DONE]`;
+/// - `status`: answers `x-mock-status` with a JSON error;
+/// - `close-mid`: starts an SSE stream, sends 2 chunks, closes the connection;
+/// - `hang`: starts an SSE stream, sends 1 chunk, then sends nothing until the peer closes
+///   (counted in `peer_closed`);
+/// - `stall`: sends nothing at all until the peer closes.
+#[derive(Clone)]
+pub struct Mock {
+    pub addr: SocketAddr,
+    pub gate: Arc<Notify>,
+    pub requests: Arc<AtomicU64>,
+    pub peer_closed: Arc<AtomicU64>,
+}
+
+impl Mock {
+    pub async fn start() -> Mock {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let m = Mock {
+            addr: l.local_addr().unwrap(),
+            gate: Arc::new(Notify::new()),
+            requests: Arc::new(AtomicU64::new(0)),
+            peer_closed: Arc::new(AtomicU64::new(0)),
+        };
+        let mm = m.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((s, _)) = l.accept().await else { break };
+                let mm = mm.clone();
+                tokio::spawn(async move {
+                    let _ = mm.serve(s).await;
+                });
+            }
+        });
+        m
+    }
+
+    pub fn release(&self) {
+        self.gate.notify_one();
+    }
+
+    async fn serve(&self, mut s: TcpStream) -> std::io::Result<()> {
+        let mut buf = Vec::with_capacity(8192);
+        loop {
+            // Read a request head.
+            let head_end = loop {
+                if let Some(p) = find(&buf, b"\r\n\r\n") {
+                    break p + 4;
+                }
+                let mut tmp = [0u8; 65536];
+                let n = s.read(&mut tmp).await?;
+                if n == 0 {
+                    return Ok(());
+                }
+                buf.extend_from_slice(&tmp[..n]);
+            };
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut req = httparse::Request::new(&mut headers);
+            req.parse(&buf[..head_end]).expect("valid request head");
+            let h = |name: &str| -> Option<String> {
+                req.headers
+                    .iter()
+                    .find(|x| x.name.eq_ignore_ascii_case(name))
+                    .map(|x| String::from_utf8_lossy(x.value).to_string())
+            };
+            let cl = h("content-length");
+            let te = h("transfer-encoding");
+            let mode = h("x-mock").unwrap_or_else(|| "echo".into());
+            let chunks: usize = h("x-mock-chunks").and_then(|v| v.parse().ok()).unwrap_or(5);
+            let gated = h("x-mock-gate").is_some();
+            let status = h("x-mock-status").unwrap_or_else(|| "503".into());
+            let rid = h("x-request-id").unwrap_or_default();
+            let auth = h("authorization").unwrap_or_default();
+            let mut rest = buf.split_off(head_end);
+            buf.clear();
+            // Read the body.
+            let body = if te.as_deref().is_some_and(|t| t.contains("chunked")) {
+                read_chunked(&mut s, &mut rest).await?
+            } else {
+                let n: usize = cl.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+                while rest.len() < n {
+                    let mut tmp = [0u8; 65536];
+                    let k = s.read(&mut tmp).await?;
+                    if k == 0 {
+                        return Ok(());
+                    }
+                    rest.extend_from_slice(&tmp[..k]);
+                }
+                let b = rest[..n].to_vec();
+                buf = rest.split_off(n);
+                b
+            };
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            let wants_usage = find(&body, b"\"include_usage\":true").is_some();
+            match mode.as_str() {
+                "echo" => {
+                    let v = serde_json::json!({
+                        "len": body.len(),
+                        "hash": xxhash_rust::xxh3::xxh3_64(&body),
+                        "content_length": cl,
+                        "transfer_encoding": te,
+                        "request_id": rid,
+                        "auth": auth,
+                        "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                        "usage": {"prompt_tokens": 11, "completion_tokens": 3,
+                                  "prompt_tokens_details": {"cached_tokens": 5}},
+                    });
+                    let b = serde_json::to_vec(&v).unwrap();
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        b.len()
+                    );
+                    s.write_all(head.as_bytes()).await?;
+                    s.write_all(&b).await?;
+                }
+                "status" => {
+                    let b = br#"{"error":{"message":"mock failure","type":"server_error"}}"#;
+                    let head = format!(
+                        "HTTP/1.1 {status} Mock\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        b.len()
+                    );
+                    s.write_all(head.as_bytes()).await?;
+                    s.write_all(b).await?;
+                }
+                "sse" | "close-mid" | "hang" => {
+                    s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n").await?;
+                    let n = match mode.as_str() {
+                        "sse" => chunks,
+                        "close-mid" => 2,
+                        _ => 1,
+                    };
+                    for i in 0..n {
+                        let ev = format!(
+                            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i} \"}}}}]}}\n\n"
+                        );
+                        write_chunk(&mut s, ev.as_bytes()).await?;
+                        if i == 0 && gated {
+                            self.gate.notified().await;
+                        }
+                    }
+                    match mode.as_str() {
+                        "close-mid" => return Ok(()),
+                        "hang" => {
+                            let mut tmp = [0u8; 1024];
+                            while s.read(&mut tmp).await.unwrap_or(0) > 0 {}
+                            self.peer_closed.fetch_add(1, Ordering::SeqCst);
+                            return Ok(());
+                        }
+                        _ => {}
+                    }
+                    if wants_usage {
+                        write_chunk(&mut s, b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n").await?;
+                    }
+                    write_chunk(&mut s, b"data: [DONE]\n\n").await?;
+                    s.write_all(b"0\r\n\r\n").await?;
+                }
+                "stall" => {
+                    let mut tmp = [0u8; 1024];
+                    while s.read(&mut tmp).await.unwrap_or(0) > 0 {}
+                    self.peer_closed.fetch_add(1, Ordering::SeqCst);
+                    return Ok(());
+                }
+                other => panic!("unknown mock mode {other}"),
+            }
+        }
+    }
+}
+
+async fn write_chunk(s: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
+    s.write_all(format!("{:x}\r\n", data.len()).as_bytes())
+        .await?;
+    s.write_all(data).await?;
+    s.write_all(b"\r\n").await?;
+    s.flush().await
+}
+
+fn find(h: &[u8], n: &[u8]) -> Option<usize> {
+    h.windows(n.len()).position(|w| w == n)
+}
+
+async fn read_chunked(s: &mut TcpStream, rest: &mut Vec<u8>) -> std::io::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        while find(rest, b"\r\n").is_none() {
+            let mut tmp = [0u8; 65536];
+            let k = s.read(&mut tmp).await?;
+            if k == 0 {
+                return Ok(body);
+            }
+            rest.extend_from_slice(&tmp[..k]);
+        }
+        let p = find(rest, b"\r\n").unwrap();
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&rest[..p]).unwrap().split(';').next().unwrap().trim(),
+            16,
+        )
+        .unwrap();
+        let need = p + 2 + size + 2;
+        while rest.len() < need {
+            let mut tmp = [0u8; 65536];
+            let k = s.read(&mut tmp).await?;
+            if k == 0 {
+                return Ok(body);
+            }
+            rest.extend_from_slice(&tmp[..k]);
+        }
+        body.extend_from_slice(&rest[p + 2..p + 2 + size]);
+        rest.drain(..need);
+        if size == 0 {
+            return Ok(body);
+        }
+    }
+}
+
+/// A chat request body of at least `size` bytes.
+pub fn chat_body(model: &str, size: usize, stream: bool) -> Vec<u8> {
+    let base = format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":8,"messages":[{{"role":"user","content":""}}]}}"#
+    );
+    let pad = size.saturating_sub(base.len());
+    let content: String = (0..pad).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+    format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":8,"messages":[{{"role":"user","content":"{content}"}}]}}"#
+    )
+    .into_bytes()
+}
+
+/// A service block for the YAML config.
+pub fn service(name: &str, instances: &[(&str, SocketAddr)]) -> String {
+    let mut s = format!("  - name: {name}\n    instances:\n");
+    for (id, a) in instances {
+        s.push_str(&format!("      - {{id: {id}, addr: \"{a}\"}}\n"));
+    }
+    s
+}
+
+/// A loopback address nobody listens on (bound, then closed).
+pub fn dead_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
