@@ -15,8 +15,8 @@
 //! and it ends through its normal error path (its load guard is released, its `logging`
 //! runs).
 
-use crate::proxy::{respond, Handoff};
 use crate::error::GatewayError;
+use crate::proxy::{respond, Handoff};
 use futures_util::FutureExt;
 use log::{debug, warn};
 use pingora::prelude::*;
@@ -111,11 +111,9 @@ pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
             warn!("request {request_id}: subrequest still running {ABANDON_GRACE:?} after the client left; aborting it");
             abort.abort();
         }
-        return Err(Error::explain(
-            ErrorType::ConnectionClosed,
-            "client closed the connection",
-        )
-        .into_down());
+        return Err(
+            Error::explain(ErrorType::ConnectionClosed, "client closed the connection").into_down(),
+        );
     }
     // Drain what the subrequest still sends (its final Done) before joining it.
     while rx.recv().await.is_some() {}
@@ -126,7 +124,14 @@ pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
         let e = proxy_error
             .map(|e| GatewayError::BadGateway(format!("upstream failed: {e}")))
             .unwrap_or_else(|| GatewayError::BadGateway("upstream produced no response".into()));
-        respond(session, e.status(), "application/json", e.body(anthropic), &request_id).await?;
+        respond(
+            session,
+            e.status(),
+            "application/json",
+            e.body(anthropic),
+            &request_id,
+        )
+        .await?;
     } else if !response_done {
         return Err(Error::explain(
             ErrorType::ConnectionClosed,

@@ -299,7 +299,8 @@ impl Config {
 mod tests {
     use super::*;
 
-    const MIN: &str = "services:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n";
+    const MIN: &str =
+        "services:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n";
 
     #[test]
     fn minimal_config_gets_defaults() {
@@ -325,9 +326,15 @@ mod tests {
         let e = Config::from_yaml(y).unwrap_err().0;
         let all = e.join("\n");
         assert!(all.contains("listen[0]: invalid socket address"), "{all}");
-        assert!(all.contains("services[0].load_balancing: unknown policy"), "{all}");
+        assert!(
+            all.contains("services[0].load_balancing: unknown policy"),
+            "{all}"
+        );
         assert!(all.contains("services[1].name: duplicate service"), "{all}");
-        assert!(all.contains("services[1].instances[0].id: duplicate"), "{all}");
+        assert!(
+            all.contains("services[1].instances[0].id: duplicate"),
+            "{all}"
+        );
         assert!(
             all.contains("services[1].instances[0].addr: invalid socket address"),
             "{all}"
@@ -338,7 +345,10 @@ mod tests {
     fn default_model_must_exist_and_needs_non_strict() {
         let y = format!("routing: {{strict: false, default_model: x}}\n{MIN}");
         let e = Config::from_yaml(&y).unwrap_err().to_string();
-        assert!(e.contains("routing.default_model: \"x\" is not the name"), "{e}");
+        assert!(
+            e.contains("routing.default_model: \"x\" is not the name"),
+            "{e}"
+        );
         let y = format!("routing: {{strict: false, default_model: m}}\n{MIN}");
         assert!(Config::from_yaml(&y).is_ok());
     }

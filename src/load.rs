@@ -19,6 +19,7 @@ pub struct InstanceLoad {
     waiting: AtomicU64,
     completed: AtomicU64,
     errors: AtomicU64,
+    cancelled: AtomicU64,
 }
 
 /// A copy of an instance's counters at one moment.
@@ -29,6 +30,8 @@ pub struct LoadSnapshot {
     pub waiting: u64,
     pub completed: u64,
     pub errors: u64,
+    /// Requests whose client left before the response was complete.
+    pub cancelled: u64,
 }
 
 impl InstanceLoad {
@@ -39,6 +42,7 @@ impl InstanceLoad {
             waiting: self.waiting.load(Relaxed),
             completed: self.completed.load(Relaxed),
             errors: self.errors.load(Relaxed),
+            cancelled: self.cancelled.load(Relaxed),
         }
     }
 }
@@ -52,7 +56,10 @@ pub trait HasLoad: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Completed,
+    /// The instance failed (connect, status >= 500, died mid-response, timed out).
     Failed,
+    /// The client went away; not the instance's fault.
+    Cancelled,
 }
 
 /// The RAII handle of one dispatch. See the module docs.
@@ -111,6 +118,7 @@ impl<I: HasLoad> Drop for LoadGuard<I> {
         l.inflight_tokens.fetch_sub(self.tokens, Relaxed);
         match self.outcome {
             Some(Outcome::Completed) => l.completed.fetch_add(1, Relaxed),
+            Some(Outcome::Cancelled) => l.cancelled.fetch_add(1, Relaxed),
             // A guard dropped without an outcome was abandoned (task cancelled): an error.
             Some(Outcome::Failed) | None => l.errors.fetch_add(1, Relaxed),
         };
@@ -135,14 +143,19 @@ mod tests {
         let mut a = LoadGuard::acquire(i.clone(), 100);
         let b = LoadGuard::acquire(i.clone(), 50);
         let c = LoadGuard::acquire(i.clone(), 7);
+        let d = LoadGuard::acquire(i.clone(), 1);
         let s = i.0.snapshot();
-        assert_eq!((s.inflight_requests, s.inflight_tokens, s.waiting), (3, 157, 3));
+        assert_eq!(
+            (s.inflight_requests, s.inflight_tokens, s.waiting),
+            (4, 158, 4)
+        );
         a.first_byte();
         a.first_byte();
         assert_eq!(i.0.snapshot().waiting, 2);
         a.finish(Outcome::Completed);
         b.finish(Outcome::Failed);
         drop(c); // abandoned
+        d.finish(Outcome::Cancelled);
         let s = i.0.snapshot();
         assert_eq!(
             s,
@@ -151,7 +164,8 @@ mod tests {
                 inflight_tokens: 0,
                 waiting: 0,
                 completed: 1,
-                errors: 2
+                errors: 2,
+                cancelled: 1,
             }
         );
     }

@@ -122,7 +122,9 @@ fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
             return Some(v[7..].trim_ascii());
         }
     }
-    req.headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii())
+    req.headers
+        .get("x-api-key")
+        .map(|v| v.as_bytes().trim_ascii())
 }
 
 /// Writes a complete local response.
@@ -179,7 +181,10 @@ impl Gateway {
         let mut parts: Vec<Bytes> = Vec::new();
         let mut len = 0usize;
         loop {
-            let chunk = session.read_request_body().await.map_err(|e| e.into_down())?;
+            let chunk = session
+                .read_request_body()
+                .await
+                .map_err(|e| e.into_down())?;
             let Some(chunk) = chunk else { break };
             len += chunk.len();
             if len > max {
@@ -218,7 +223,14 @@ impl Gateway {
                 }
                 ("GET", "/health") => {
                     ctx.local_status = Some(200);
-                    respond(session, 200, "text/plain", b"ok\n".to_vec(), &ctx.request_id).await?;
+                    respond(
+                        session,
+                        200,
+                        "text/plain",
+                        b"ok\n".to_vec(),
+                        &ctx.request_id,
+                    )
+                    .await?;
                     Ok(true)
                 }
                 (_, "/v1/models") | (_, "/health") => {
@@ -346,10 +358,19 @@ impl Gateway {
     }
 }
 
+/// Whether the instance is to blame: an upstream-side error, or a 5xx it answered.
+fn upstream_failed(e: Option<&Error>, upstream_status: Option<u16>) -> bool {
+    e.is_some_and(|e| e.esource() == &pingora::ErrorSource::Upstream)
+        || upstream_status.is_some_and(|s| s >= 500)
+}
+
 /// Sets `stream_options.include_usage: true` in a body that already has `stream_options`.
 fn set_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let so = v.as_object_mut()?.get_mut("stream_options")?.as_object_mut()?;
+    let so = v
+        .as_object_mut()?
+        .get_mut("stream_options")?
+        .as_object_mut()?;
     so.insert("include_usage".into(), serde_json::Value::Bool(true));
     serde_json::to_vec(&v).ok()
 }
@@ -660,6 +681,8 @@ impl ProxyHttp for Gateway {
         let headers_sent = session.response_written().is_some();
         if !headers_sent {
             ctx.local_status = Some(code);
+            // Say `Connection: close`: this connection is not reused after a proxy failure.
+            session.set_keepalive(None);
             let _ = respond(
                 session,
                 code,
@@ -683,13 +706,18 @@ impl ProxyHttp for Gateway {
             .local_status
             .or_else(|| session.response_written().map(|r| r.status.as_u16()))
             .unwrap_or(0);
-        let failed = e.is_some() || status >= 500 || status == 0 || ctx.deadline_hit;
+        let client_left = e.is_some_and(|e| e.esource() == &pingora::ErrorSource::Downstream);
+        let outcome = if ctx.deadline_hit || upstream_failed(e, ctx.upstream_status) {
+            Outcome::Failed
+        } else if client_left {
+            Outcome::Cancelled
+        } else if e.is_some() || status == 0 {
+            Outcome::Failed
+        } else {
+            Outcome::Completed
+        };
         if let Some(g) = ctx.guard.take() {
-            g.finish(if failed {
-                Outcome::Failed
-            } else {
-                Outcome::Completed
-            });
+            g.finish(outcome);
         }
         let m = &self.shared.metrics;
         let model = ctx.route.as_ref().map_or("-", |r| r.service.name.as_str());

@@ -4,8 +4,8 @@
 
 use crate::admin::Admin;
 use crate::config::Config;
-use crate::proxy::{Gateway, Shared};
 use crate::metrics::Metrics;
+use crate::proxy::{Gateway, Shared};
 use crate::state::Runtime;
 use anyhow::Context;
 use arc_swap::ArcSwap;
@@ -30,7 +30,8 @@ impl Listeners {
     pub fn bind(cfg: &Config) -> anyhow::Result<Listeners> {
         let mut proxy = Vec::new();
         for (i, a) in cfg.listen.iter().enumerate() {
-            let l = TcpListener::bind(a).with_context(|| format!("listen[{i}]: cannot bind {a}"))?;
+            let l =
+                TcpListener::bind(a).with_context(|| format!("listen[{i}]: cannot bind {a}"))?;
             proxy.push(l);
         }
         let admin = TcpListener::bind(&cfg.admin_listen)
@@ -39,7 +40,10 @@ impl Listeners {
     }
 
     pub fn proxy_addrs(&self) -> Vec<SocketAddr> {
-        self.proxy.iter().filter_map(|l| l.local_addr().ok()).collect()
+        self.proxy
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
     }
 
     pub fn admin_addr(&self) -> Option<SocketAddr> {

@@ -145,6 +145,7 @@ impl Runtime {
                     "waiting": l.waiting,
                     "completed": l.completed,
                     "errors": l.errors,
+                    "cancelled": l.cancelled,
                 })
             })
             .collect();

@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 use engine_sim::SimConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn thread_cpu() -> Duration {
+/// (user, system) CPU time of the calling thread.
+fn thread_cpu() -> (Duration, Duration) {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointer to a rusage struct.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
     assert_eq!(rc, 0);
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    (tv(ru.ru_utime), tv(ru.ru_stime))
 }
 
 async fn stream_one(addr: std::net::SocketAddr, n: usize) -> usize {
@@ -64,7 +65,8 @@ fn scenario(name: &str, time_scale: f64, k: usize, n: usize) {
             })
             .await
             .unwrap();
-            tx.send((sim.addr, tokio::runtime::Handle::current())).unwrap();
+            tx.send((sim.addr, tokio::runtime::Handle::current()))
+                .unwrap();
             let _ = stop_rx.await;
             sim.stop().await;
         });
@@ -87,13 +89,15 @@ fn scenario(name: &str, time_scale: f64, k: usize, n: usize) {
         let wall = t0.elapsed();
         let cpu1 = sim_rt.spawn(async { thread_cpu() }).await.unwrap();
         assert_eq!(chunks, k * n);
-        let cpu = cpu1 - cpu0;
+        let user = cpu1.0 - cpu0.0;
+        let sys = cpu1.1 - cpu0.1;
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / chunks as f64;
         println!(
-            "{name:>9}: {k} streams x {n} tokens = {chunks} chunks in {:.2} s wall; sim CPU {:.3} s = {:.2} us/chunk ({:.0} chunks/s per core)",
+            "{name:>9}: {k} streams x {n} tokens = {chunks} chunks in {:.2} s wall; sim thread CPU {:.2} us/chunk = {:.2} user + {:.2} kernel",
             wall.as_secs_f64(),
-            cpu.as_secs_f64(),
-            cpu.as_secs_f64() * 1e6 / chunks as f64,
-            chunks as f64 / cpu.as_secs_f64()
+            per(user + sys),
+            per(user),
+            per(sys),
         );
     });
     let _ = stop_tx.send(());

@@ -107,13 +107,12 @@ pub(crate) fn parse(api: Api, raw: &[u8]) -> Result<Parsed, String> {
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let mut prompt = Vec::new();
-    let max_tokens;
-    match api {
+    let max_tokens = match api {
         Api::Chat => {
             let msgs = body.get("messages").ok_or("'messages' is required")?;
             render_tools(&mut prompt, &body);
             render_messages(&mut prompt, msgs)?;
-            max_tokens = opt_u64(&body, &["max_completion_tokens", "max_tokens"]);
+            opt_u64(&body, &["max_completion_tokens", "max_tokens"])
         }
         Api::Completions => {
             match body.get("prompt").ok_or("'prompt' is required")? {
@@ -131,7 +130,7 @@ pub(crate) fn parse(api: Api, raw: &[u8]) -> Result<Parsed, String> {
                 },
                 _ => return Err("'prompt' must be a string or an array".into()),
             }
-            max_tokens = opt_u64(&body, &["max_tokens"]);
+            opt_u64(&body, &["max_tokens"])
         }
         Api::Responses => {
             if let Some(i) = body.get("instructions") {
@@ -155,7 +154,7 @@ pub(crate) fn parse(api: Api, raw: &[u8]) -> Result<Parsed, String> {
                 }
                 _ => return Err("'input' must be a string or an array".into()),
             }
-            max_tokens = opt_u64(&body, &["max_output_tokens"]);
+            opt_u64(&body, &["max_output_tokens"])
         }
         Api::Messages => {
             render_tools(&mut prompt, &body);
@@ -166,9 +165,9 @@ pub(crate) fn parse(api: Api, raw: &[u8]) -> Result<Parsed, String> {
             }
             let msgs = body.get("messages").ok_or("'messages' is required")?;
             render_messages(&mut prompt, msgs)?;
-            max_tokens = Some(opt_u64(&body, &["max_tokens"]).ok_or("'max_tokens' is required")?);
+            Some(opt_u64(&body, &["max_tokens"]).ok_or("'max_tokens' is required")?)
         }
-    }
+    };
     Ok(Parsed {
         model,
         stream,
@@ -179,10 +178,38 @@ pub(crate) fn parse(api: Api, raw: &[u8]) -> Result<Parsed, String> {
 }
 
 const WORDS: &[&str] = &[
-    "the", "model", "is", "a", "simulated", "engine", "that", "streams", "tokens", "with",
-    "continuous", "batching", "and", "prefix", "caching", "for", "testing", "gateways", "under",
-    "load", "while", "latency", "grows", "as", "more", "requests", "share", "one", "batch", "of",
-    "decode", "steps",
+    "the",
+    "model",
+    "is",
+    "a",
+    "simulated",
+    "engine",
+    "that",
+    "streams",
+    "tokens",
+    "with",
+    "continuous",
+    "batching",
+    "and",
+    "prefix",
+    "caching",
+    "for",
+    "testing",
+    "gateways",
+    "under",
+    "load",
+    "while",
+    "latency",
+    "grows",
+    "as",
+    "more",
+    "requests",
+    "share",
+    "one",
+    "batch",
+    "of",
+    "decode",
+    "steps",
 ];
 
 /// Append the text of tokens `from..to` (one word per token).
@@ -358,7 +385,7 @@ pub(crate) struct StreamFmt {
 
 fn sse(out: &mut String, event: Option<&str>, data: &Value) {
     if let Some(e) = event {
-        let _ = write!(out, "event: {e}\n");
+        let _ = writeln!(out, "event: {e}");
     }
     let _ = write!(out, "data: {data}\n\n");
 }
@@ -424,20 +451,36 @@ impl StreamFmt {
         if self.meta.api == Api::Responses {
             let r = self.meta.response_object("in_progress", None, None);
             let s = self.next_seq();
-            sse(out, Some("response.created"), &json!({"type": "response.created", "sequence_number": s, "response": r}));
+            sse(
+                out,
+                Some("response.created"),
+                &json!({"type": "response.created", "sequence_number": s, "response": r}),
+            );
             let s = self.next_seq();
-            sse(out, Some("response.in_progress"), &json!({"type": "response.in_progress", "sequence_number": s, "response": r}));
+            sse(
+                out,
+                Some("response.in_progress"),
+                &json!({"type": "response.in_progress", "sequence_number": s, "response": r}),
+            );
             let s = self.next_seq();
-            sse(out, Some("response.output_item.added"), &json!({
-                "type": "response.output_item.added", "sequence_number": s, "output_index": 0,
-                "item": {"type": "message", "id": self.meta.item_id, "status": "in_progress", "role": "assistant", "content": []},
-            }));
+            sse(
+                out,
+                Some("response.output_item.added"),
+                &json!({
+                    "type": "response.output_item.added", "sequence_number": s, "output_index": 0,
+                    "item": {"type": "message", "id": self.meta.item_id, "status": "in_progress", "role": "assistant", "content": []},
+                }),
+            );
             let s = self.next_seq();
-            sse(out, Some("response.content_part.added"), &json!({
-                "type": "response.content_part.added", "sequence_number": s, "item_id": self.meta.item_id,
-                "output_index": 0, "content_index": 0,
-                "part": {"type": "output_text", "text": "", "annotations": []},
-            }));
+            sse(
+                out,
+                Some("response.content_part.added"),
+                &json!({
+                    "type": "response.content_part.added", "sequence_number": s, "item_id": self.meta.item_id,
+                    "output_index": 0, "content_index": 0,
+                    "part": {"type": "output_text", "text": "", "annotations": []},
+                }),
+            );
         }
     }
 
@@ -456,12 +499,20 @@ impl StreamFmt {
                     cached,
                     completion: 1,
                 };
-                sse(out, Some("message_start"), &json!({"type": "message_start", "message": {
-                    "id": self.meta.id, "type": "message", "role": "assistant", "model": self.meta.model,
-                    "content": [], "stop_reason": null, "stop_sequence": null,
-                    "usage": Meta::anthropic_usage(&u),
-                }}));
-                sse(out, Some("content_block_start"), &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
+                sse(
+                    out,
+                    Some("message_start"),
+                    &json!({"type": "message_start", "message": {
+                        "id": self.meta.id, "type": "message", "role": "assistant", "model": self.meta.model,
+                        "content": [], "stop_reason": null, "stop_sequence": null,
+                        "usage": Meta::anthropic_usage(&u),
+                    }}),
+                );
+                sse(
+                    out,
+                    Some("content_block_start"),
+                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                );
             }
             _ => {}
         }
@@ -499,10 +550,14 @@ impl StreamFmt {
                     } else {
                         "text_completion"
                     };
-                    sse(out, None, &json!({
-                        "id": m.id, "object": obj, "created": m.created, "model": m.model,
-                        "choices": [], "usage": Meta::openai_usage(u),
-                    }));
+                    sse(
+                        out,
+                        None,
+                        &json!({
+                            "id": m.id, "object": obj, "created": m.created, "model": m.model,
+                            "choices": [], "usage": Meta::openai_usage(u),
+                        }),
+                    );
                 }
                 out.push_str("data: [DONE]\n\n");
             }
@@ -512,32 +567,60 @@ impl StreamFmt {
                 let status = m.responses_status();
                 let full = m.response_object(status, Some(&text), Some(u));
                 let s = self.next_seq();
-                sse(out, Some("response.output_text.done"), &json!({
-                    "type": "response.output_text.done", "sequence_number": s, "item_id": item_id,
-                    "output_index": 0, "content_index": 0, "text": text, "logprobs": [],
-                }));
+                sse(
+                    out,
+                    Some("response.output_text.done"),
+                    &json!({
+                        "type": "response.output_text.done", "sequence_number": s, "item_id": item_id,
+                        "output_index": 0, "content_index": 0, "text": text, "logprobs": [],
+                    }),
+                );
                 let s = self.next_seq();
-                sse(out, Some("response.content_part.done"), &json!({
-                    "type": "response.content_part.done", "sequence_number": s, "item_id": item_id,
-                    "output_index": 0, "content_index": 0,
-                    "part": {"type": "output_text", "text": text, "annotations": []},
-                }));
+                sse(
+                    out,
+                    Some("response.content_part.done"),
+                    &json!({
+                        "type": "response.content_part.done", "sequence_number": s, "item_id": item_id,
+                        "output_index": 0, "content_index": 0,
+                        "part": {"type": "output_text", "text": text, "annotations": []},
+                    }),
+                );
                 let s = self.next_seq();
-                sse(out, Some("response.output_item.done"), &json!({
-                    "type": "response.output_item.done", "sequence_number": s, "output_index": 0,
-                    "item": full["output"][0],
-                }));
+                sse(
+                    out,
+                    Some("response.output_item.done"),
+                    &json!({
+                        "type": "response.output_item.done", "sequence_number": s, "output_index": 0,
+                        "item": full["output"][0],
+                    }),
+                );
                 let s = self.next_seq();
-                let ev = if status == "completed" { "response.completed" } else { "response.incomplete" };
-                sse(out, Some(ev), &json!({"type": ev, "sequence_number": s, "response": full}));
+                let ev = if status == "completed" {
+                    "response.completed"
+                } else {
+                    "response.incomplete"
+                };
+                sse(
+                    out,
+                    Some(ev),
+                    &json!({"type": ev, "sequence_number": s, "response": full}),
+                );
             }
             Api::Messages => {
-                sse(out, Some("content_block_stop"), &json!({"type": "content_block_stop", "index": 0}));
-                sse(out, Some("message_delta"), &json!({
-                    "type": "message_delta",
-                    "delta": {"stop_reason": m.finish_reason(), "stop_sequence": null},
-                    "usage": Meta::anthropic_usage(u),
-                }));
+                sse(
+                    out,
+                    Some("content_block_stop"),
+                    &json!({"type": "content_block_stop", "index": 0}),
+                );
+                sse(
+                    out,
+                    Some("message_delta"),
+                    &json!({
+                        "type": "message_delta",
+                        "delta": {"stop_reason": m.finish_reason(), "stop_sequence": null},
+                        "usage": Meta::anthropic_usage(u),
+                    }),
+                );
                 sse(out, Some("message_stop"), &json!({"type": "message_stop"}));
             }
         }

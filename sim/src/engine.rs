@@ -73,8 +73,8 @@ const TTFT_BUCKETS: &[f64] = &[
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
 const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
 #[derive(Clone, Debug)]
@@ -447,9 +447,7 @@ impl State {
     }
 
     fn finish_prefills(&mut self, now: Instant) {
-        let State {
-            running, kv, m, ..
-        } = self;
+        let State { running, kv, m, .. } = self;
         running.retain_mut(|r| {
             if r.decoding || r.prefill_end > now {
                 return true;
@@ -461,9 +459,7 @@ impl State {
     }
 
     fn decode_step(&mut self, now: Instant) {
-        let State {
-            running, kv, m, ..
-        } = self;
+        let State { running, kv, m, .. } = self;
         running.retain_mut(|r| !r.decoding || emit(r, kv, m, now));
     }
 }
@@ -474,7 +470,7 @@ fn emit(r: &mut Req, kv: &mut KvCache, m: &mut Metrics, now: Instant) -> bool {
     m.generation_tokens += 1;
     let done = r.generated >= r.target;
     let alive = if r.stream {
-        if done || r.generated % r.chunk == 0 {
+        if done || r.generated.is_multiple_of(r.chunk) {
             r.tx.send(Ev::Tokens { upto: r.generated }).is_ok()
         } else {
             !r.tx.is_closed()

@@ -37,7 +37,11 @@ pub fn block_hashes(bytes: &[u8], block_size: usize) -> Vec<u64> {
     for i in 0..full {
         let start = i * block_bytes;
         let end = ((i + 1) * block_bytes).min(bytes.len());
-        let chunk = if start < bytes.len() { &bytes[start..end] } else { &[][..] };
+        let chunk = if start < bytes.len() {
+            &bytes[start..end]
+        } else {
+            &[][..]
+        };
         prev = xxh3_64_with_seed(chunk, prev ^ 0x9e37_79b9_7f4a_7c15);
         out.push(prev);
     }
@@ -193,7 +197,9 @@ mod tests {
     use super::*;
 
     fn prompt(seed: u8, len: usize) -> Vec<u8> {
-        (0..len).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+        (0..len)
+            .map(|i| seed.wrapping_add((i % 251) as u8))
+            .collect()
     }
 
     #[test]

@@ -128,7 +128,9 @@ impl Body for SimBody {
                             return Poll::Ready(s.pending.take().map(|p| Ok(Frame::data(p.into()))))
                         }
                         SseState::Abort => {
-                            return Poll::Ready(Some(Err(abort("engine-sim: close_after_chunks fault"))))
+                            return Poll::Ready(Some(Err(abort(
+                                "engine-sim: close_after_chunks fault",
+                            ))))
                         }
                         SseState::AbortPending => {
                             if let Some(p) = s.pending.take() {
@@ -232,7 +234,10 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, BoxError> {
     }
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<SimBody>, BoxError> {
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<SimBody>, BoxError> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     if let Some(rest) = path.strip_prefix("/admin/") {
@@ -320,9 +325,7 @@ async fn admin(
     req: Request<Incoming>,
 ) -> Result<Response<SimBody>, BoxError> {
     Ok(match (method, rest) {
-        (Method::GET, "faults") => {
-            json_response(StatusCode::OK, &json!(*shared.faults.read()))
-        }
+        (Method::GET, "faults") => json_response(StatusCode::OK, &json!(*shared.faults.read())),
         (Method::POST | Method::PUT, "faults") => {
             let body = read_body(req).await?;
             let body = if body.iter().all(u8::is_ascii_whitespace) {
@@ -338,9 +341,7 @@ async fn admin(
                 Err(e) => error_response(None, 400, &format!("invalid faults: {e}")),
             }
         }
-        (Method::GET, "stats") => {
-            json_response(StatusCode::OK, &json!(shared.engine.stats()))
-        }
+        (Method::GET, "stats") => json_response(StatusCode::OK, &json!(shared.engine.stats())),
         _ => not_found(),
     })
 }
@@ -376,7 +377,11 @@ async fn inference(
         }
     }
     if faults.rate_limit {
-        let mut r = error_response(Some(api), 429, "Too many requests (engine-sim rate_limit fault)");
+        let mut r = error_response(
+            Some(api),
+            429,
+            "Too many requests (engine-sim rate_limit fault)",
+        );
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(faults.retry_after_s));
         return Ok(r);
@@ -426,7 +431,10 @@ async fn inference(
         tx,
     });
     let n = shared.ids.fetch_add(1, Ordering::Relaxed);
-    let tag = format!("{:08x}{n:08x}", xxhash_rust::xxh3::xxh3_64(cfg.id.as_bytes()) as u32);
+    let tag = format!(
+        "{:08x}{n:08x}",
+        xxhash_rust::xxh3::xxh3_64(cfg.id.as_bytes()) as u32
+    );
     let id = match api {
         Api::Chat => format!("chatcmpl-{tag}"),
         Api::Completions => format!("cmpl-{tag}"),

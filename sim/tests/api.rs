@@ -10,14 +10,25 @@ fn assert_openai_usage(u: &Value, completion: u64) {
     assert!(p > 0);
     assert_eq!(u["completion_tokens"].as_u64().unwrap(), completion);
     assert_eq!(u["total_tokens"].as_u64().unwrap(), p + completion);
-    assert!(u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() < p);
+    assert!(
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            < p
+    );
 }
 
 #[tokio::test]
 async fn chat_completions() {
     let sim = sim(fast_cfg()).await;
     let c = client();
-    let r = post(&c, &sim, "/v1/chat/completions", &chat("hello there", 5, false)).await;
+    let r = post(
+        &c,
+        &sim,
+        "/v1/chat/completions",
+        &chat("hello there", 5, false),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-engine-id"], "sim-test");
     let v: Value = r.json().await.unwrap();
@@ -32,10 +43,19 @@ async fn chat_completions() {
     assert_eq!(v["usage"]["prompt_tokens"], 6);
 
     // stream with usage
-    let r = post(&c, &sim, "/v1/chat/completions", &chat("hello there", 5, true)).await;
+    let r = post(
+        &c,
+        &sim,
+        "/v1/chat/completions",
+        &chat("hello there", 5, true),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-engine-id"], "sim-test");
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let evs = read_sse(r).await.unwrap();
     assert_eq!(evs.last().unwrap().data, "[DONE]");
     let chunks: Vec<Value> = evs[..evs.len() - 1].iter().map(Sse::json).collect();
@@ -57,16 +77,23 @@ async fn chat_completions() {
     // stream without include_usage: no usage chunk
     let mut body = chat("hello there", 3, true);
     body.as_object_mut().unwrap().remove("stream_options");
-    let evs = read_sse(post(&c, &sim, "/v1/chat/completions", &body).await).await.unwrap();
+    let evs = read_sse(post(&c, &sim, "/v1/chat/completions", &body).await)
+        .await
+        .unwrap();
     assert_eq!(evs.len(), 1 + 3 + 1);
     assert!(evs.iter().all(|e| !e.data.contains("\"usage\"")));
 
     // no max_tokens: default output length, finish_reason stop
-    let v: Value = post(&c, &sim, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x"}]}))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post(
+        &c,
+        &sim,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 8);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
 
@@ -90,7 +117,11 @@ async fn completions() {
     let sim = sim(fast_cfg()).await;
     let c = client();
     let body = json!({"model": "sim-model", "prompt": "abcdefgh", "max_tokens": 4});
-    let v: Value = post(&c, &sim, "/v1/completions", &body).await.json().await.unwrap();
+    let v: Value = post(&c, &sim, "/v1/completions", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["usage"]["prompt_tokens"], 2);
     assert_openai_usage(&v["usage"], 4);
@@ -98,7 +129,9 @@ async fn completions() {
 
     let body = json!({"model": "sim-model", "prompt": "abcdefgh", "max_tokens": 4, "stream": true,
         "stream_options": {"include_usage": true}});
-    let evs = read_sse(post(&c, &sim, "/v1/completions", &body).await).await.unwrap();
+    let evs = read_sse(post(&c, &sim, "/v1/completions", &body).await)
+        .await
+        .unwrap();
     assert_eq!(evs.len(), 4 + 1 + 1);
     assert_eq!(evs[5].data, "[DONE]");
     let streamed: String = evs[..4]
@@ -110,7 +143,11 @@ async fn completions() {
 
     // token-id prompts count one token per id
     let body = json!({"prompt": [1, 2, 3, 4, 5], "max_tokens": 1});
-    let v: Value = post(&c, &sim, "/v1/completions", &body).await.json().await.unwrap();
+    let v: Value = post(&c, &sim, "/v1/completions", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["usage"]["prompt_tokens"], 5);
     sim.stop().await;
 }
@@ -122,9 +159,16 @@ async fn responses_api() {
     let body = json!({"model": "sim-model", "instructions": "be brief",
         "input": [{"role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
         "max_output_tokens": 6});
-    let v: Value = post(&c, &sim, "/v1/responses", &body).await.json().await.unwrap();
+    let v: Value = post(&c, &sim, "/v1/responses", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["object"], "response");
-    let text = v["output"][0]["content"][0]["text"].as_str().unwrap().to_string();
+    let text = v["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_eq!(text.split(' ').count(), 6);
     let u = &v["usage"];
     assert_eq!(u["output_tokens"], 6);
@@ -138,19 +182,27 @@ async fn responses_api() {
     let evs = read_sse(r).await.unwrap();
     let names: Vec<&str> = evs.iter().map(|e| e.event.as_deref().unwrap()).collect();
     assert_eq!(names[0], "response.created");
-    assert_eq!(names.iter().filter(|n| **n == "response.output_text.delta").count(), 6);
+    assert_eq!(
+        names
+            .iter()
+            .filter(|n| **n == "response.output_text.delta")
+            .count(),
+        6
+    );
     let last = evs.last().unwrap();
     assert!(matches!(
         last.event.as_deref(),
         Some("response.completed") | Some("response.incomplete")
     ));
-    let mut seq = 0;
     let mut streamed = String::new();
-    for e in &evs {
+    for (seq, e) in evs.iter().enumerate() {
         let j = e.json();
-        assert_eq!(j["type"], e.event.as_deref().unwrap(), "type matches event name");
+        assert_eq!(
+            j["type"],
+            e.event.as_deref().unwrap(),
+            "type matches event name"
+        );
         assert_eq!(j["sequence_number"], seq);
-        seq += 1;
         if j["type"] == "response.output_text.delta" {
             streamed.push_str(j["delta"].as_str().unwrap());
         }
@@ -158,11 +210,18 @@ async fn responses_api() {
     assert_eq!(streamed, text);
     let fin = last.json();
     assert_eq!(fin["response"]["usage"]["output_tokens"], 6);
-    assert_eq!(fin["response"]["output"][0]["content"][0]["text"], text.as_str());
+    assert_eq!(
+        fin["response"]["output"][0]["content"][0]["text"],
+        text.as_str()
+    );
     assert!(!evs.iter().any(|e| e.data == "[DONE]"));
 
     // string input, no max_output_tokens
-    let v: Value = post(&c, &sim, "/v1/responses", &json!({"input": "hi"})).await.json().await.unwrap();
+    let v: Value = post(&c, &sim, "/v1/responses", &json!({"input": "hi"}))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["status"], "completed");
     assert_eq!(v["usage"]["output_tokens"], 8);
     sim.stop().await;
@@ -174,7 +233,11 @@ async fn anthropic_messages() {
     let c = client();
     let body = json!({"model": "sim-model", "system": "you are terse", "max_tokens": 4,
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]});
-    let v: Value = post(&c, &sim, "/v1/messages", &body).await.json().await.unwrap();
+    let v: Value = post(&c, &sim, "/v1/messages", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["type"], "message");
     assert_eq!(v["role"], "assistant");
     assert_eq!(v["stop_reason"], "max_tokens");
@@ -186,7 +249,9 @@ async fn anthropic_messages() {
 
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
-    let evs = read_sse(post(&c, &sim, "/v1/messages", &sbody).await).await.unwrap();
+    let evs = read_sse(post(&c, &sim, "/v1/messages", &sbody).await)
+        .await
+        .unwrap();
     let names: Vec<&str> = evs.iter().map(|e| e.event.as_deref().unwrap()).collect();
     assert_eq!(
         names,
@@ -213,7 +278,10 @@ async fn anthropic_messages() {
     }
     assert_eq!(streamed, text);
     let start = evs[0].json();
-    assert_eq!(start["message"]["usage"]["input_tokens"], v["usage"]["input_tokens"]);
+    assert_eq!(
+        start["message"]["usage"]["input_tokens"],
+        v["usage"]["input_tokens"]
+    );
     let md = evs[7].json();
     assert_eq!(md["delta"]["stop_reason"], "max_tokens");
     assert_eq!(md["usage"]["output_tokens"], 4);
@@ -252,7 +320,10 @@ async fn errors_and_aux_endpoints() {
     assert_eq!(r.status(), 404);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["type"], "NotFoundError");
-    assert!(e["error"]["message"].as_str().unwrap().contains("other-model"));
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("other-model"));
     // too long
     let r = post(&c, &sim, "/v1/chat/completions", &chat("x", 1 << 20, false)).await;
     assert_eq!(r.status(), 400);
@@ -260,21 +331,46 @@ async fn errors_and_aux_endpoints() {
     let r = c.get(format!("{url}/nope")).send().await.unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(r.headers()["x-engine-id"], "sim-test");
-    let r = c.get(format!("{url}/v1/chat/completions")).send().await.unwrap();
+    let r = c
+        .get(format!("{url}/v1/chat/completions"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 405);
     // health, models, SGLang probes, metrics
     let r = c.get(format!("{url}/health")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-engine-id"], "sim-test");
-    let v: Value = c.get(format!("{url}/v1/models")).send().await.unwrap().json().await.unwrap();
+    let v: Value = c
+        .get(format!("{url}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "sim-model");
     for p in ["/get_model_info", "/model_info"] {
-        let v: Value = c.get(format!("{url}{p}")).send().await.unwrap().json().await.unwrap();
+        let v: Value = c
+            .get(format!("{url}{p}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         assert_eq!(v["model_path"], "sim-model");
         assert_eq!(v["is_generation"], true);
     }
-    let v: Value = c.get(format!("{url}/get_server_info")).send().await.unwrap().json().await.unwrap();
+    let v: Value = c
+        .get(format!("{url}/get_server_info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["tokenizer_path"], "sim-model");
     assert_eq!(v["page_size"], 16);
     let r = c.get(format!("{url}/metrics")).send().await.unwrap();
@@ -292,7 +388,10 @@ async fn errors_and_aux_endpoints() {
         "vllm:time_to_first_token_seconds_bucket{model_name=\"sim-model\",le=\"+Inf\"}",
         "vllm:time_to_first_token_seconds_count{model_name=\"sim-model\"}",
     ] {
-        assert!(text.lines().any(|l| l.starts_with(name)), "{name} missing:\n{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with(name)),
+            "{name} missing:\n{text}"
+        );
     }
     sim.stop().await;
 }

@@ -7,7 +7,12 @@ use std::time::{Duration, Instant};
 use common::*;
 use engine_sim::SimConfig;
 
-async fn stream_times(c: reqwest::Client, url: String, prompt: String, tokens: u64) -> (Duration, Vec<Instant>) {
+async fn stream_times(
+    c: reqwest::Client,
+    url: String,
+    prompt: String,
+    tokens: u64,
+) -> (Duration, Vec<Instant>) {
     let t0 = Instant::now();
     let r = c
         .post(format!("{url}/v1/chat/completions"))
@@ -49,7 +54,10 @@ async fn waiting_queue_raises_ttft() {
     }
     ttfts.sort();
     let (min, max) = (ttfts[0], ttfts[5]);
-    assert!(max >= Duration::from_millis(150), "last wave waited: {ttfts:?}");
+    assert!(
+        max >= Duration::from_millis(150),
+        "last wave waited: {ttfts:?}"
+    );
     assert!(max > min * 3, "TTFT rises with queueing: {ttfts:?}");
     assert!(sim.stats().max_waiting >= 3);
     assert_eq!(metric(&c, &sim, "vllm:num_requests_waiting{").await, 0.0);
@@ -81,7 +89,13 @@ async fn step_time_grows_with_batch() {
     let median = itls[8];
     // expected ~7 ms vs ~82 ms
     assert!(alone < Duration::from_millis(40), "alone {alone:?}");
-    assert!(median > alone * 3, "batched ITL {median:?} vs alone {alone:?}");
-    assert!(median >= Duration::from_millis(40), "batched ITL {median:?}");
+    assert!(
+        median > alone * 3,
+        "batched ITL {median:?} vs alone {alone:?}"
+    );
+    assert!(
+        median >= Duration::from_millis(40),
+        "batched ITL {median:?}"
+    );
     sim.stop().await;
 }

@@ -35,7 +35,11 @@ async fn repeat_and_shared_prefix() {
     let turn1 = json!({"messages": [
         {"role": "system", "content": sys},
         {"role": "user", "content": "first question"}], "max_tokens": 3});
-    let r: serde_json::Value = post(&c, &sim, "/v1/chat/completions", &turn1).await.json().await.unwrap();
+    let r: serde_json::Value = post(&c, &sim, "/v1/chat/completions", &turn1)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(cached(&r), 0);
     let answer = r["choices"][0]["message"]["content"].as_str().unwrap();
     let turn2 = json!({"messages": [
@@ -43,17 +47,33 @@ async fn repeat_and_shared_prefix() {
         {"role": "user", "content": "first question"},
         {"role": "assistant", "content": answer},
         {"role": "user", "content": "second question"}], "max_tokens": 3});
-    let r: serde_json::Value = post(&c, &sim, "/v1/chat/completions", &turn2).await.json().await.unwrap();
-    assert!(cached(&r) >= 368, "system prompt blocks hit: {}", cached(&r));
+    let r: serde_json::Value = post(&c, &sim, "/v1/chat/completions", &turn2)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        cached(&r) >= 368,
+        "system prompt blocks hit: {}",
+        cached(&r)
+    );
 
     // the same conversation over the Anthropic API shares the cache
     let m = json!({"system": sys, "max_tokens": 2,
         "messages": [{"role": "user", "content": "first question"}]});
-    let r: serde_json::Value = post(&c, &sim, "/v1/messages", &m).await.json().await.unwrap();
+    let r: serde_json::Value = post(&c, &sim, "/v1/messages", &m)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert!(r["usage"]["cache_read_input_tokens"].as_u64().unwrap() >= 368);
 
     // vLLM's /reset_prefix_cache drops it
-    let st = c.post(format!("{}/reset_prefix_cache", sim.url())).send().await.unwrap();
+    let st = c
+        .post(format!("{}/reset_prefix_cache", sim.url()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(st.status(), 200);
     let v = chat_json(&c, &sim, &p, 4).await;
     assert_eq!(cached(&v), 0);

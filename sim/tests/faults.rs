@@ -23,9 +23,19 @@ async fn raw_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<Vec<
 async fn refuse() {
     let sim = sim(fast_cfg()).await;
     let c = client();
-    assert!(raw_get(sim.addr, "/health").await.unwrap().starts_with(b"HTTP/1.1 200"));
+    assert!(raw_get(sim.addr, "/health")
+        .await
+        .unwrap()
+        .starts_with(b"HTTP/1.1 200"));
     // a pooled keep-alive connection exists now
-    assert_eq!(c.get(format!("{}/health", sim.url())).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(format!("{}/health", sim.url()))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     sim.update_faults(|f| f.refuse = true);
     match raw_get(sim.addr, "/health").await {
         Ok(b) => assert!(b.is_empty(), "got a response while refusing: {b:?}"),
@@ -37,16 +47,32 @@ async fn refuse() {
             "{e}"
         ),
     }
-    let r = c.post(format!("{}/v1/chat/completions", sim.url())).json(&chat("x", 2, false)).send().await;
+    let r = c
+        .post(format!("{}/v1/chat/completions", sim.url()))
+        .json(&chat("x", 2, false))
+        .send()
+        .await;
     assert!(r.is_err(), "inference while refusing: {r:?}");
     // the admin API stays reachable and clears the fault
-    let r = c.get(format!("{}/admin/faults", sim.url())).send().await.unwrap();
+    let r = c
+        .get(format!("{}/admin/faults", sim.url()))
+        .send()
+        .await
+        .unwrap();
     let f: Value = r.json().await.unwrap();
     assert_eq!(f["refuse"], true);
-    let r = c.post(format!("{}/admin/faults", sim.url())).json(&json!({})).send().await.unwrap();
+    let r = c
+        .post(format!("{}/admin/faults", sim.url()))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(sim.faults(), Faults::default());
-    assert!(raw_get(sim.addr, "/health").await.unwrap().starts_with(b"HTTP/1.1 200"));
+    assert!(raw_get(sim.addr, "/health")
+        .await
+        .unwrap()
+        .starts_with(b"HTTP/1.1 200"));
     sim.stop().await;
 }
 
@@ -86,7 +112,13 @@ async fn stall_and_first_byte_delay() {
     // the engine worked meanwhile: all tokens were ready when headers left
     assert!(evs.last().unwrap().at - t0 < headers_at + Duration::from_millis(250));
     let t0 = Instant::now();
-    let r = post(&c, &sim, "/v1/messages", &json!({"max_tokens": 2, "messages": []})).await;
+    let r = post(
+        &c,
+        &sim,
+        "/v1/messages",
+        &json!({"max_tokens": 2, "messages": []}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert!(t0.elapsed() >= Duration::from_millis(300));
     sim.stop().await;
@@ -99,9 +131,18 @@ async fn close_after_chunks() {
     sim.update_faults(|f| f.close_after_chunks = Some(3));
     for (path, body) in [
         ("/v1/chat/completions", chat("x", 10, true)),
-        ("/v1/completions", json!({"prompt": "x", "max_tokens": 10, "stream": true})),
-        ("/v1/messages", json!({"messages": [], "max_tokens": 10, "stream": true})),
-        ("/v1/responses", json!({"input": "x", "max_output_tokens": 10, "stream": true})),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 10, "stream": true}),
+        ),
+        (
+            "/v1/messages",
+            json!({"messages": [], "max_tokens": 10, "stream": true}),
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "x", "max_output_tokens": 10, "stream": true}),
+        ),
     ] {
         let r = post(&c, &sim, path, &body).await;
         assert_eq!(r.status(), 200);
@@ -115,7 +156,10 @@ async fn close_after_chunks() {
                 Err(e) => break e,
             }
         };
-        assert!(err.is_body() || err.is_decode() || err.is_request(), "{err:?}");
+        assert!(
+            err.is_body() || err.is_decode() || err.is_request(),
+            "{err:?}"
+        );
         let marker = match path {
             "/v1/chat/completions" => "\"delta\":{\"content\":\"",
             "/v1/completions" => "\"text\":\"",
@@ -127,10 +171,19 @@ async fn close_after_chunks() {
         assert!(!got.contains("[DONE]"));
     }
     // non-stream: connection closed without a response
-    let r = c.post(format!("{}/v1/chat/completions", sim.url())).json(&chat("x", 3, false)).send().await;
+    let r = c
+        .post(format!("{}/v1/chat/completions", sim.url()))
+        .json(&chat("x", 3, false))
+        .send()
+        .await;
     assert!(r.is_err(), "{r:?}");
     sim.set_faults(Faults::default());
-    assert_eq!(post(&c, &sim, "/v1/chat/completions", &chat("x", 3, false)).await.status(), 200);
+    assert_eq!(
+        post(&c, &sim, "/v1/chat/completions", &chat("x", 3, false))
+            .await
+            .status(),
+        200
+    );
     // aborted streams released their KV blocks
     eventually(|| async { sim.stats().running == 0 }).await;
     assert_eq!(sim.stats().kv_usage, 0.0);
@@ -147,13 +200,31 @@ async fn error_status_and_rate_limit() {
     assert_eq!(r.headers()["x-engine-id"], "sim-test");
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["code"], 503);
-    let r = post(&c, &sim, "/v1/messages", &json!({"max_tokens": 1, "messages": []})).await;
+    let r = post(
+        &c,
+        &sim,
+        "/v1/messages",
+        &json!({"max_tokens": 1, "messages": []}),
+    )
+    .await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.json::<Value>().await.unwrap()["type"], "error");
     // health and metrics are not affected
-    assert_eq!(c.get(format!("{}/health", sim.url())).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(format!("{}/health", sim.url()))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     sim.update_faults(|f| f.error_status = 500);
-    assert_eq!(post(&c, &sim, "/v1/completions", &json!({"prompt": "x"})).await.status(), 500);
+    assert_eq!(
+        post(&c, &sim, "/v1/completions", &json!({"prompt": "x"}))
+            .await
+            .status(),
+        500
+    );
 
     // over the admin API
     let r = c
@@ -166,12 +237,34 @@ async fn error_status_and_rate_limit() {
     let r = post(&c, &sim, "/v1/chat/completions", &chat("x", 2, false)).await;
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "7");
-    let r = c.post(format!("{}/admin/faults", sim.url())).json(&json!({"bogus": 1})).send().await.unwrap();
+    let r = c
+        .post(format!("{}/admin/faults", sim.url()))
+        .json(&json!({"bogus": 1}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
-    c.post(format!("{}/admin/faults", sim.url())).body("").send().await.unwrap();
-    assert_eq!(post(&c, &sim, "/v1/chat/completions", &chat("x", 2, false)).await.status(), 200);
+    c.post(format!("{}/admin/faults", sim.url()))
+        .body("")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        post(&c, &sim, "/v1/chat/completions", &chat("x", 2, false))
+            .await
+            .status(),
+        200
+    );
     // nothing reached the engine while failing
-    assert_eq!(metric(&c, &sim, "vllm:request_success_total{model_name=\"sim-model\",finished_reason=\"length\"}").await, 1.0);
+    assert_eq!(
+        metric(
+            &c,
+            &sim,
+            "vllm:request_success_total{model_name=\"sim-model\",finished_reason=\"length\"}"
+        )
+        .await,
+        1.0
+    );
     sim.stop().await;
 }
 
@@ -192,7 +285,17 @@ async fn error_rate_is_deterministic() {
         let c = client();
         let mut p = Vec::new();
         for _ in 0..40 {
-            p.push(post(&c, &sim, "/v1/completions", &json!({"prompt": "x", "max_tokens": 1})).await.status().as_u16());
+            p.push(
+                post(
+                    &c,
+                    &sim,
+                    "/v1/completions",
+                    &json!({"prompt": "x", "max_tokens": 1}),
+                )
+                .await
+                .status()
+                .as_u16(),
+            );
         }
         patterns.push(p);
         sim.stop().await;

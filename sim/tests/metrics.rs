@@ -21,7 +21,9 @@ async fn metrics_match_usage() {
         add(&v);
     }
     // streamed requests count too
-    let evs = read_sse(post(&c, &sim, "/v1/chat/completions", &chat(&base, 5, true)).await).await.unwrap();
+    let evs = read_sse(post(&c, &sim, "/v1/chat/completions", &chat(&base, 5, true)).await)
+        .await
+        .unwrap();
     add(&evs[evs.len() - 2].json());
     assert!(hits > 0);
     let m = |name: &'static str| {
@@ -33,17 +35,33 @@ async fn metrics_match_usage() {
     assert_eq!(m("vllm:prefix_cache_hits_total{").await, hits);
     assert_eq!(m("vllm:prompt_tokens_total{").await, prompt);
     assert_eq!(m("vllm:generation_tokens_total{").await, gen);
-    assert_eq!(m("vllm:request_success_total{model_name=\"sim-model\",finished_reason=\"length\"}").await, 7);
+    assert_eq!(
+        m("vllm:request_success_total{model_name=\"sim-model\",finished_reason=\"length\"}").await,
+        7
+    );
     assert_eq!(m("vllm:time_to_first_token_seconds_count{").await, 7);
-    assert_eq!(m("vllm:time_to_first_token_seconds_bucket{model_name=\"sim-model\",le=\"+Inf\"}").await, 7);
+    assert_eq!(
+        m("vllm:time_to_first_token_seconds_bucket{model_name=\"sim-model\",le=\"+Inf\"}").await,
+        7
+    );
     assert_eq!(m("vllm:num_requests_running{").await, 0);
     assert_eq!(m("vllm:num_requests_waiting{").await, 0);
     assert_eq!(metric(&c, &sim, "vllm:kv_cache_usage_perc{").await, 0.0);
     // a request without max_tokens finishes with reason "stop"
     post(&c, &sim, "/v1/completions", &json!({"prompt": "x"})).await;
-    assert_eq!(m("vllm:request_success_total{model_name=\"sim-model\",finished_reason=\"stop\"}").await, 1);
+    assert_eq!(
+        m("vllm:request_success_total{model_name=\"sim-model\",finished_reason=\"stop\"}").await,
+        1
+    );
     // the admin stats agree
-    let st: Value = c.get(format!("{}/admin/stats", sim.url())).send().await.unwrap().json().await.unwrap();
+    let st: Value = c
+        .get(format!("{}/admin/stats", sim.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(st["requests_finished"], 8);
     sim.stop().await;
 }

@@ -31,7 +31,8 @@ impl GatewayProc {
     pub fn start(yaml: &str) -> GatewayProc {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = dir.path().join("tokengate.yaml");
-        let full = format!("listen: [\"127.0.0.1:0\"]\nadmin_listen: 127.0.0.1:0\nthreads: 2\n{yaml}");
+        let full =
+            format!("listen: [\"127.0.0.1:0\"]\nadmin_listen: 127.0.0.1:0\nthreads: 2\n{yaml}");
         std::fs::write(&cfg, full).expect("write config");
         let log = dir.path().join("tokengate.log");
         let logf = std::fs::File::create(&log).expect("log file");
@@ -352,7 +353,12 @@ async fn read_chunked(s: &mut TcpStream, rest: &mut Vec<u8>) -> std::io::Result<
         }
         let p = find(rest, b"\r\n").unwrap();
         let size = usize::from_str_radix(
-            std::str::from_utf8(&rest[..p]).unwrap().split(';').next().unwrap().trim(),
+            std::str::from_utf8(&rest[..p])
+                .unwrap()
+                .split(';')
+                .next()
+                .unwrap()
+                .trim(),
             16,
         )
         .unwrap();

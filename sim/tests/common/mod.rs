@@ -76,7 +76,11 @@ pub async fn read_sse(resp: reqwest::Response) -> Result<Vec<Sse>, reqwest::Erro
         buf.push_str(std::str::from_utf8(&chunk).unwrap());
         while let Some(i) = buf.find("\n\n") {
             let block: String = buf.drain(..i + 2).collect();
-            let mut ev = Sse { event: None, data: String::new(), at };
+            let mut ev = Sse {
+                event: None,
+                data: String::new(),
+                at,
+            };
             for line in block.lines() {
                 if let Some(e) = line.strip_prefix("event: ") {
                     ev.event = Some(e.to_string());
@@ -91,7 +95,12 @@ pub async fn read_sse(resp: reqwest::Response) -> Result<Vec<Sse>, reqwest::Erro
     Ok(out)
 }
 
-pub async fn post(c: &reqwest::Client, sim: &SimHandle, path: &str, body: &Value) -> reqwest::Response {
+pub async fn post(
+    c: &reqwest::Client,
+    sim: &SimHandle,
+    path: &str,
+    body: &Value,
+) -> reqwest::Response {
     c.post(format!("{}{path}", sim.url()))
         .json(body)
         .send()
@@ -100,14 +109,27 @@ pub async fn post(c: &reqwest::Client, sim: &SimHandle, path: &str, body: &Value
 }
 
 /// Non-stream chat request; returns the response JSON.
-pub async fn chat_json(c: &reqwest::Client, sim: &SimHandle, content: &str, max_tokens: u64) -> Value {
-    let r = post(c, sim, "/v1/chat/completions", &chat(content, max_tokens, false)).await;
+pub async fn chat_json(
+    c: &reqwest::Client,
+    sim: &SimHandle,
+    content: &str,
+    max_tokens: u64,
+) -> Value {
+    let r = post(
+        c,
+        sim,
+        "/v1/chat/completions",
+        &chat(content, max_tokens, false),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()
 }
 
 pub fn cached(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
 }
 
 /// Scrape /metrics: value of the first sample whose line starts with `prefix`.
