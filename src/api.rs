@@ -188,18 +188,16 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<RequestInfo, GatewayError>
         }
     };
     let mut prompt = String::with_capacity(body.len());
-    for (role, v) in [
-        ("system", raw.system),
-        ("system", raw.instructions),
-        ("tools", raw.tools),
-    ] {
-        if let Some(v) = v {
-            prompt.push_str("<|");
-            prompt.push_str(role);
-            prompt.push_str("|>\n");
-            render_value(&mut prompt, v);
-            prompt.push('\n');
-        }
+    // Same order as engine-sim's chat template: tools (raw JSON), then system, then messages.
+    if let Some(t) = raw.tools {
+        prompt.push_str("<|tools|>\n");
+        prompt.push_str(t.get());
+        prompt.push('\n');
+    }
+    for v in [raw.system, raw.instructions].into_iter().flatten() {
+        prompt.push_str("<|system|>\n");
+        render_value(&mut prompt, v);
+        prompt.push('\n');
     }
     if let Some(msgs) = &raw.messages {
         for m in msgs {
@@ -307,7 +305,11 @@ mod tests {
         assert_eq!(r.model, "m");
         assert!(r.stream);
         assert_eq!(r.max_tokens, Some(7));
-        assert!(r.prompt.starts_with("<|tools|>\n{\"type\""), "{}", r.prompt);
+        assert!(
+            r.prompt.starts_with("<|tools|>\n[{\"type\""),
+            "{}",
+            r.prompt
+        );
         let sys = r.prompt.find("<|system|>\nbe brief\n").unwrap();
         let user = r.prompt.find("<|user|>\nhi there\n").unwrap();
         let asst = r.prompt.find("<|assistant|>\n[{\"id\":\"1\"}]").unwrap();

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod api;
 pub mod bigbody;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod load;
 pub mod metrics;

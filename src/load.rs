@@ -151,7 +151,7 @@ mod tests {
         );
         a.first_byte();
         a.first_byte();
-        assert_eq!(i.0.snapshot().waiting, 2);
+        assert_eq!(i.0.snapshot().waiting, 3);
         a.finish(Outcome::Completed);
         b.finish(Outcome::Failed);
         drop(c); // abandoned

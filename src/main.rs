@@ -32,6 +32,22 @@ enum Cmd {
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Run the demo: 4 engine-sims (qwen3-0.6b ×2, qwen3-32b ×2) and the gateway in one
+    /// process, with conf/demo.yaml built in. Prints the URLs and ready-to-paste curl commands.
+    Demo {
+        /// Use another config: one engine-sim is started on every instance address in it.
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Speed-up of the simulated engines' timing (1 = H100-like real time).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+    },
+    /// Run engine-sim, a fake OpenAI/Anthropic-compatible inference engine with a KV prefix
+    /// cache, continuous batching and fault injection (for tests and benchmarks without GPUs).
+    EngineSim {
+        #[command(flatten)]
+        args: engine_sim::SimArgs,
+    },
     /// Validate a config file: exit 0 when valid; otherwise print every error with its YAML
     /// path (e.g. `services[1].instances[0].addr: invalid socket address`) and exit 1.
     Check {
@@ -69,6 +85,40 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Cmd::Demo { config, time_scale } => {
+            init_logging();
+            match tokengate::demo::run(
+                config.as_deref(),
+                tokengate::demo::DemoOptions { time_scale },
+            ) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("tokengate demo: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Cmd::EngineSim { args } => {
+            init_logging();
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("engine-sim: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match rt.block_on(engine_sim::run_cli(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("engine-sim: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Cmd::Serve { config } => {
             init_logging();
             let cfg = match Config::load(&config) {

@@ -194,6 +194,8 @@ impl SseScanner {
         let Some(data) = line.strip_prefix(b"data:") else {
             if line.starts_with(b"event: message_stop")
                 || line.starts_with(b"event: response.completed")
+                || line.starts_with(b"event: response.incomplete")
+                || line.starts_with(b"event: response.failed")
             {
                 self.done = true;
             }

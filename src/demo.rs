@@ -1,0 +1,99 @@
+//! `tokengate demo`: a whole fleet in one process. Starts one engine-sim per instance of the
+//! demo config (model = service name, id = instance id, on the instance's address), then
+//! the gateway, and prints ready-to-paste requests. Ctrl-C stops everything. An instance
+//! address with port 0 gets a free port (used by the tests).
+
+use crate::config::Config;
+use crate::server;
+use anyhow::Context;
+use std::io::Write;
+use std::path::Path;
+
+/// The built-in demo config (conf/demo.yaml).
+pub const DEMO_YAML: &str = include_str!("../conf/demo.yaml");
+
+/// Options of the demo's engines.
+pub struct DemoOptions {
+    /// Speed-up of the simulated engines (1 = real-time H100-like timing).
+    pub time_scale: f64,
+}
+
+pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
+    let mut cfg = match config {
+        Some(p) => Config::load(p).map_err(|e| anyhow::anyhow!("{}:\n{e}", p.display()))?,
+        None => Config::from_yaml(DEMO_YAML).map_err(|e| anyhow::anyhow!("demo config: {e}"))?,
+    };
+    // The engines run on their own runtime thread; the gateway's Pingora server owns main.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .thread_name("engine-sim")
+        .build()
+        .context("engine-sim runtime")?;
+    let mut handles = Vec::new();
+    for s in &mut cfg.services {
+        for i in &mut s.instances {
+            let sim = engine_sim::SimConfig {
+                id: i.id.clone(),
+                model: s.name.clone(),
+                time_scale: opts.time_scale,
+                ..engine_sim::SimConfig::default()
+            };
+            let addr = i.addr.clone();
+            let h = rt
+                .block_on(async move {
+                    let l = tokio::net::TcpListener::bind(&addr).await?;
+                    engine_sim::start(sim, l).await
+                })
+                .with_context(|| format!("starting engine-sim {} on {}", i.id, i.addr))?;
+            // An address with port 0 got a free port: route to where the engine really is.
+            i.addr = h.addr.to_string();
+            handles.push(h);
+        }
+    }
+    let listeners = server::Listeners::bind(&cfg)?;
+    let proxy = listeners
+        .proxy_addrs()
+        .first()
+        .copied()
+        .context("no proxy listener")?;
+    let admin = listeners.admin_addr().context("no admin listener")?;
+    let model = cfg
+        .services
+        .first()
+        .map(|s| s.name.clone())
+        .unwrap_or_default();
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "tokengate demo: {} engine-sims", handles.len())?;
+        for s in &cfg.services {
+            for i in &s.instances {
+                writeln!(
+                    out,
+                    "  engine-sim {:<10} model {:<12} http://{}",
+                    i.id, s.name, i.addr
+                )?;
+            }
+        }
+        writeln!(out, "tokengate: proxy listening on http://{proxy}")?;
+        writeln!(out, "tokengate: admin listening on http://{admin}")?;
+        writeln!(out)?;
+        writeln!(out, "Try:")?;
+        writeln!(
+            out,
+            "  curl -s http://{proxy}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+        )?;
+        writeln!(
+            out,
+            "  curl -sN http://{proxy}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+        )?;
+        writeln!(out, "  curl -s http://{proxy}/v1/models")?;
+        writeln!(out, "  curl -s http://{admin}/admin/instances")?;
+        writeln!(out, "  curl -s http://{admin}/metrics")?;
+        writeln!(out, "Ctrl-C stops the demo.")?;
+        out.flush()?;
+    }
+    // Keep the engines' runtime alive for the life of the process.
+    let _keep = (rt, handles);
+    server::run(cfg, listeners)
+}
