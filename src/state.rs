@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use tokengate_plugins::{Candidate, LbPolicy};
+use tokengate_plugins::{Candidate, InstanceKey, LbPolicy};
 
 /// One engine instance.
 #[derive(Debug)]
@@ -18,6 +18,8 @@ pub struct Instance {
     pub labels: BTreeMap<String, String>,
     /// Position of the instance in its service.
     pub idx: usize,
+    /// Stable key of the id for the routing plugins (session table, prefix index).
+    pub key: InstanceKey,
     pub load: InstanceLoad,
 }
 
@@ -54,6 +56,8 @@ impl Service {
                     inflight_requests: s.inflight_requests,
                     inflight_tokens: s.inflight_tokens,
                     waiting: s.waiting,
+                    key: i.key,
+                    target: 0,
                 }
             })
             .collect()
@@ -90,6 +94,7 @@ impl Runtime {
                         service: s.name.clone(),
                         labels: i.labels.clone(),
                         idx,
+                        key: InstanceKey::of(&i.id),
                         load: InstanceLoad::default(),
                     })
                 })

@@ -277,17 +277,25 @@ async fn connect_failures_retry_on_another_instance() {
     );
     let gw = GatewayProc::start(&yaml);
     let c = reqwest::Client::new();
-    for _ in 0..4 {
+    // Small bodies (plain path) and large ones (subrequest path) alike.
+    for size in [200usize, 200, 150 * 1024, 150 * 1024] {
+        let body = chat_body("m", size, false);
         let r = c
             .post(gw.url("/v1/chat/completions"))
-            .body(chat_body("m", 200, false))
+            .body(body.clone())
             .send()
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-tokengate-instance"], "up-1");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["hash"], xxhash_rust::xxh3::xxh3_64(&body));
     }
-    gw.wait_idle().await;
+    let v = gw.wait_idle().await;
+    // Round-robin put every request on dead-1 first: four failed connects, four retries.
+    assert_eq!(v["instances"][0]["id"], "dead-1");
+    assert_eq!(v["instances"][0]["errors"], 4, "{v:#}");
+    assert_eq!(v["instances"][1]["completed"], 4, "{v:#}");
 }
 
 async fn error_of(r: reqwest::Response, status: u16) -> serde_json::Value {

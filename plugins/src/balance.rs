@@ -11,6 +11,8 @@
 
 use std::fmt;
 
+use crate::hash::InstanceKey;
+
 /// A load-balancing policy, as named in the YAML config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum LbPolicy {
@@ -66,6 +68,11 @@ pub struct Candidate {
     pub inflight_tokens: u64,
     /// Dispatched requests that have not produced a first byte yet.
     pub waiting: u64,
+    /// The instance's stable key (session table, prefix index). `InstanceKey::of(id)`.
+    pub key: InstanceKey,
+    /// Which route target (service) the instance belongs to, for pickers whose candidates
+    /// span several targets (the decision-service scorer). 0 when there is only one.
+    pub target: u32,
 }
 
 /// The outcome of a pick: which candidate (the position in the slice) and why.
@@ -124,6 +131,7 @@ mod tests {
             inflight_requests: req,
             inflight_tokens: tok,
             waiting: 0,
+            ..Default::default()
         }
     }
 

@@ -1,0 +1,257 @@
+//! SVG plots of a [`Report`] with `plotters` (SVG backend: text is emitted as `<text>`
+//! elements, so no font files are needed).
+//!
+//! * `ttft_cdf.svg` — cumulative distribution of TTFT (log-scaled time axis), all requests
+//!   and one line per instance.
+//! * `inflight.svg` — in-flight requests per instance over time (client view, bucketed).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context};
+use plotters::prelude::*;
+
+use super::report::Report;
+
+fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("plotting: {e:?}")
+}
+
+/// Ten well-separated colours (matplotlib's "tab10"), then plotters' 99-colour palette.
+fn color(i: usize) -> RGBColor {
+    const TAB10: [(u8, u8, u8); 10] = [
+        (31, 119, 180),
+        (255, 127, 14),
+        (44, 160, 44),
+        (214, 39, 40),
+        (148, 103, 189),
+        (140, 86, 75),
+        (227, 119, 194),
+        (127, 127, 127),
+        (188, 189, 34),
+        (23, 190, 207),
+    ];
+    if let Some(&(r, g, b)) = TAB10.get(i) {
+        return RGBColor(r, g, b);
+    }
+    let c = Palette99::pick(i).to_rgba();
+    RGBColor(c.0, c.1, c.2)
+}
+
+/// Labels of a log axis: only 1, 2 and 5 × 10^k, without trailing zeros.
+fn log_label(x: &f64) -> String {
+    if *x <= 0.0 {
+        return String::new();
+    }
+    let exp = x.log10().floor();
+    let mant = x / 10f64.powf(exp);
+    if [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .any(|m| (mant - m).abs() < 1e-6)
+    {
+        let v = (mant.round() * 10f64.powf(exp) * 1e6).round() / 1e6;
+        format!("{v}")
+    } else {
+        String::new()
+    }
+}
+
+/// CDF points (x, fraction ≤ x) of sorted-in-place values.
+fn cdf(v: &mut [f64]) -> Vec<(f64, f64)> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len() as f64;
+    v.iter()
+        .enumerate()
+        .map(|(i, &x)| (x, (i + 1) as f64 / n))
+        .collect()
+}
+
+/// The TTFT CDF as an SVG document.
+pub fn ttft_cdf_svg(report: &Report) -> anyhow::Result<String> {
+    let ok = report.requests.iter().filter(|r| r.ok());
+    let mut all: Vec<f64> = ok.clone().filter_map(|r| r.ttft_ms).collect();
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (900, 520)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let lo = all.iter().cloned().fold(f64::INFINITY, f64::min);
+        let hi = all.iter().cloned().fold(0.0, f64::max);
+        let (lo, hi) = if all.is_empty() {
+            (0.1, 1.0)
+        } else {
+            ((lo * 0.9).max(1e-3), (hi * 1.1).max(lo * 1.2).max(1e-2))
+        };
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("TTFT CDF — {} requests", all.len()),
+                ("sans-serif", 20),
+            )
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("TTFT (ms, log scale)")
+            .x_labels(30)
+            .x_label_formatter(&log_label)
+            .y_desc("fraction of requests")
+            .y_label_formatter(&|y| format!("{y:.1}"))
+            .draw()
+            .map_err(err)?;
+        let instances: Vec<&String> = report
+            .instances
+            .iter()
+            .map(|i| &i.instance)
+            .filter(|n| n.as_str() != "-")
+            .collect();
+        if instances.len() > 1 && instances.len() <= 16 {
+            for (k, name) in instances.iter().enumerate() {
+                let mut v: Vec<f64> = ok
+                    .clone()
+                    .filter(|r| r.instance_label() == name.as_str())
+                    .filter_map(|r| r.ttft_ms)
+                    .collect();
+                let c = color(k);
+                chart
+                    .draw_series(LineSeries::new(cdf(&mut v), c.stroke_width(1)))
+                    .map_err(err)?
+                    .label(name.as_str())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+            }
+        }
+        chart
+            .draw_series(LineSeries::new(cdf(&mut all), BLACK.stroke_width(3)))
+            .map_err(err)?
+            .label("all")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(3)));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(out)
+}
+
+/// In-flight requests per instance over time as an SVG document.
+pub fn inflight_svg(report: &Report) -> anyhow::Result<String> {
+    let l = &report.load;
+    let nb = l.inflight.first().map_or(0, |v| v.len());
+    let t_end = (nb as f64 * l.bucket_ms / 1000.0).max(1e-3);
+    let peak = l
+        .inflight
+        .iter()
+        .flat_map(|v| v.iter().cloned())
+        .fold(0.0, f64::max)
+        .max(1.0);
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (900, 520)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "In-flight requests per instance ({:.0} ms buckets, imbalance {:.2})",
+                    l.bucket_ms, l.imbalance
+                ),
+                ("sans-serif", 20),
+            )
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0.0..t_end, 0.0..peak * 1.1)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_label_formatter(&|x| format!("{x}"))
+            .y_label_formatter(&|y| format!("{y}"))
+            .x_desc("time since start (s)")
+            .y_desc("in-flight requests")
+            .draw()
+            .map_err(err)?;
+        for (k, (name, series)) in l.instances.iter().zip(&l.inflight).enumerate() {
+            let c = color(k);
+            let pts = series
+                .iter()
+                .enumerate()
+                .map(|(b, &v)| ((b as f64 + 0.5) * l.bucket_ms / 1000.0, v));
+            chart
+                .draw_series(LineSeries::new(pts, c.stroke_width(1)))
+                .map_err(err)?
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(out)
+}
+
+/// Writes `ttft_cdf.svg` and `inflight.svg` into `dir` (created if missing); returns the paths.
+pub fn write_plots(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut paths = Vec::new();
+    for (name, svg) in [
+        ("ttft_cdf.svg", ttft_cdf_svg(report)?),
+        ("inflight.svg", inflight_svg(report)?),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, svg).with_context(|| format!("writing {}", p.display()))?;
+        paths.push(p);
+    }
+    Ok(paths)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::report::{Counts, Report, RequestRecord, RunMeta};
+    use super::*;
+
+    #[test]
+    fn log_axis_labels() {
+        assert_eq!(log_label(&100.0), "100");
+        assert_eq!(log_label(&0.2), "0.2");
+        assert_eq!(log_label(&5000.0), "5000");
+        assert_eq!(log_label(&300.0), "");
+    }
+
+    #[test]
+    fn plots_render_to_svg_with_text() {
+        let recs: Vec<RequestRecord> = (0..40)
+            .map(|i| RequestRecord {
+                index: i,
+                instance: Some(format!("e{}", i % 2)),
+                sent_ms: i as f64 * 10.0,
+                end_ms: i as f64 * 10.0 + 55.0,
+                ttft_ms: Some(1.0 + i as f64),
+                e2e_ms: Some(55.0),
+                ..Default::default()
+            })
+            .collect();
+        let r = Report::build(RunMeta::default(), Counts::default(), recs, vec![], 20.0);
+        let a = ttft_cdf_svg(&r).unwrap();
+        assert!(a.starts_with("<svg") && a.contains("TTFT CDF"), "{a:.300}");
+        let texts: Vec<&str> = a
+            .split("</text>")
+            .filter_map(|t| t.rsplit('>').next())
+            .map(str::trim)
+            .collect();
+        assert!(texts.contains(&"e1") && texts.contains(&"all"), "{texts:?}");
+        let b = inflight_svg(&r).unwrap();
+        assert!(b.contains("<svg") && b.contains("In-flight") && b.contains("<polyline"));
+        // An empty report still renders.
+        let empty = Report::default();
+        ttft_cdf_svg(&empty).unwrap();
+        inflight_svg(&empty).unwrap();
+    }
+}
