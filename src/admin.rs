@@ -38,6 +38,22 @@ impl Admin {
                 m.waiting.with_label_values(&id).set(l.waiting as i64);
             }
         }
+        for (name, s) in rt.schedulers() {
+            if matches!(s.picker, crate::state::Picker::Balance) {
+                continue;
+            }
+            let n = [name.as_str()];
+            let g = s.index.gauges();
+            m.index_nodes.with_label_values(&n).set(g.nodes as i64);
+            m.index_bytes.with_label_values(&n).set(g.bytes as i64);
+            m.index_evicted_bytes
+                .with_label_values(&n)
+                .set(g.evicted_bytes as i64);
+            m.sessions
+                .with_label_values(&n)
+                .set(s.sessions.gauges().entries as i64);
+        }
+        m.update_ratios();
         m.render()
     }
 }

@@ -30,8 +30,8 @@ const ABANDON_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs the request as a subrequest with `handoff.body` and pipes its response to the client.
 pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
-    let anthropic = handoff.route.api.is_anthropic();
-    let request_id = handoff.route.request_id.clone();
+    let anthropic = handoff.plan.api.is_anthropic();
+    let request_id = handoff.plan.request_id.clone();
     let body = handoff.body.clone();
     let Some(spawner) = session.subrequest_spawner.as_ref() else {
         return Err(Error::explain(

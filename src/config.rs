@@ -40,7 +40,241 @@ pub struct Config {
     /// The served models, each a pool of engine instances.
     #[serde(default)]
     pub services: Vec<ServiceConfig>,
+    /// Routes: a model name clients send that spreads over several services (targets).
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    /// OpenAI-compatible chat models the decision service can ask.
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+    /// The prefix index shared by every prefix-aware scheduler.
+    #[serde(default)]
+    pub prefix_index: PrefixIndexSettings,
 }
+
+/// How instances of one service are chosen. Absent: the service's `load_balancing` alone.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "mode", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum SchedulerConfig {
+    /// Session affinity → prefix cache → load balancing; the first layer that matches routes.
+    Layered {
+        /// Layer 1; absent = off.
+        #[serde(default)]
+        affinity: Option<AffinitySettings>,
+        /// Layer 2; absent = off.
+        #[serde(default)]
+        prefix: Option<PrefixSettings>,
+    },
+    /// Weighted plugin scoring: Σ weight × normalised score, highest wins.
+    Policy(PolicySettings),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AffinitySettings {
+    /// `soft` (escape an overloaded instance) or `strict` (always the bound instance).
+    #[serde(default = "d_soft")]
+    pub mode: String,
+    /// Request headers carrying the session key, first present wins.
+    #[serde(default = "d_session_headers")]
+    pub headers: Vec<String>,
+    /// Soft mode leaves the bound instance when its load > average × this.
+    #[serde(default = "d_ratio")]
+    pub soft_max_load_ratio: f64,
+    /// Binding lifetime, refreshed on use.
+    #[serde(default = "d_session_ttl", with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Most bindings kept; the least recently used are evicted.
+    #[serde(default = "d_max_entries")]
+    pub max_entries: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixSettings {
+    /// Below this share of the prompt found on an instance, it is a miss.
+    #[serde(default = "d_min_hit")]
+    pub min_hit_ratio: f64,
+    /// An instance is not preferred when its load > average × (1 + this).
+    #[serde(default = "d_tolerance")]
+    pub load_tolerance: f64,
+    /// An instance is not preferred when more requests than this wait for their first byte.
+    #[serde(default = "d_waiting")]
+    pub waiting_threshold: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySettings {
+    /// Scoring plugins and their weights.
+    pub plugins: Vec<PluginSettings>,
+    /// Where the session key comes from, first present wins: `header:NAME` or
+    /// `body:prompt_cache_key` / `body:user` / `body:metadata.user_id` (body keys count only
+    /// on /v1/responses and /v1/messages).
+    #[serde(default = "d_session_chain")]
+    pub session_keys: Vec<String>,
+    /// Session binding lifetime.
+    #[serde(default = "d_session_ttl", with = "humantime_serde")]
+    pub session_ttl: Duration,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSettings {
+    /// `session-affinity`, `least-inflight`, `least-token`, `prefix-cache`, `decision-service`.
+    pub kind: String,
+    /// Positive weight; default 1 (decision-service: 10).
+    #[serde(default)]
+    pub weight: Option<f64>,
+}
+
+/// Settings of the prefix index (shared by layered and policy schedulers).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixIndexSettings {
+    /// Tokens per block; match the engines' KV block size (vLLM default 16).
+    #[serde(default = "d_block_tokens")]
+    pub block_size: usize,
+    /// Index entries unused this long are swept.
+    #[serde(default = "d_index_ttl", with = "humantime_serde")]
+    pub ttl: Duration,
+    /// How often expired sessions and index entries are swept and memory is checked.
+    #[serde(default = "d_maint", with = "humantime_serde")]
+    pub maintenance_interval: Duration,
+    /// Evict index entries when the process uses more than container memory × this
+    /// (0 → 0.70).
+    #[serde(default)]
+    pub memory_threshold_ratio: f64,
+    /// …or more than container memory − this many GiB (0 → 1.5), whichever comes first.
+    #[serde(default)]
+    pub reserved_memory_gib: f64,
+}
+
+impl Default for PrefixIndexSettings {
+    fn default() -> Self {
+        PrefixIndexSettings {
+            block_size: d_block_tokens(),
+            ttl: d_index_ttl(),
+            maintenance_interval: d_maint(),
+            memory_threshold_ratio: 0.0,
+            reserved_memory_gib: 0.0,
+        }
+    }
+}
+
+/// A model name that spreads over several services.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The `model` clients send, e.g. `qwen3`.
+    pub name: String,
+    pub targets: Vec<TargetConfig>,
+    /// `round-robin` (every instance of every target in turn), `weight` (each target's
+    /// weight is its share of traffic), or `policy`. Default: `policy` when `policy` is
+    /// set, else `weight` when any target has a weight, else `round-robin`.
+    #[serde(default)]
+    pub route_by: Option<String>,
+    #[serde(default)]
+    pub policy: Option<PolicySettings>,
+    /// The decision service, used by a `decision-service` plugin.
+    #[serde(default)]
+    pub decision: Option<DecisionSettings>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// A service name.
+    pub service: String,
+    /// Share of the route's traffic in `weight` mode.
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// What requests fit this target, for the decision service (generated when absent).
+    #[serde(default)]
+    pub criteria: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionSettings {
+    /// A provider name from `providers`.
+    pub provider: String,
+    /// What the decision model is told before the targets' criteria.
+    #[serde(default = "d_instructions")]
+    pub instructions: String,
+    /// Longest wait for an answer; past it the plugin abstains.
+    #[serde(default = "d_decision_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+/// An OpenAI-compatible chat model endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub name: String,
+    /// Base URL up to `/v1`, e.g. `http://127.0.0.1:8000/v1`.
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// The model to ask, e.g. `jev-latest`.
+    pub model: String,
+}
+
+fn d_soft() -> String {
+    "soft".into()
+}
+fn d_session_headers() -> Vec<String> {
+    vec!["x-session-id".into(), "x-claude-code-session-id".into()]
+}
+fn d_session_chain() -> Vec<String> {
+    vec![
+        "header:session-id".into(),
+        "header:x-client-request-id".into(),
+        "body:prompt_cache_key".into(),
+    ]
+}
+fn d_ratio() -> f64 {
+    1.5
+}
+fn d_session_ttl() -> Duration {
+    Duration::from_secs(1800)
+}
+fn d_max_entries() -> usize {
+    100_000
+}
+fn d_min_hit() -> f64 {
+    0.5
+}
+fn d_tolerance() -> f64 {
+    0.3
+}
+fn d_waiting() -> u64 {
+    2
+}
+fn d_block_tokens() -> usize {
+    16
+}
+fn d_index_ttl() -> Duration {
+    Duration::from_secs(259_200)
+}
+fn d_maint() -> Duration {
+    Duration::from_secs(60)
+}
+fn d_instructions() -> String {
+    "You route requests to the model that fits them best: the smallest model that can answer well."
+        .into()
+}
+fn d_decision_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+
+/// Plugin names of the config.
+pub const PLUGIN_KINDS: &[&str] = &[
+    "session-affinity",
+    "least-inflight",
+    "least-token",
+    "prefix-cache",
+    "decision-service",
+];
 
 /// How a request's `model` is matched to a service.
 #[derive(Debug, Clone, Deserialize)]
@@ -101,6 +335,9 @@ pub struct ServiceConfig {
     /// `least-token` (default), `least-request` or `round-robin`.
     #[serde(default = "default_lb")]
     pub load_balancing: String,
+    /// Layered or policy scheduling; absent = `load_balancing` alone.
+    #[serde(default)]
+    pub scheduler: Option<SchedulerConfig>,
     pub instances: Vec<InstanceConfig>,
 }
 
@@ -269,6 +506,115 @@ impl Config {
                 }
             }
         }
+        for (si, s) in self.services.iter().enumerate() {
+            if let Some(sc) = &s.scheduler {
+                validate_scheduler(sc, &format!("services[{si}].scheduler"), &mut errs);
+            }
+        }
+        let pi = &self.prefix_index;
+        if pi.block_size == 0 {
+            errs.push("prefix_index.block_size: must be at least 1".into());
+        }
+        if !(0.0..1.0).contains(&pi.memory_threshold_ratio) {
+            errs.push(
+                "prefix_index.memory_threshold_ratio: must be in [0, 1) (0 = default 0.70)".into(),
+            );
+        }
+        if pi.reserved_memory_gib < 0.0 {
+            errs.push("prefix_index.reserved_memory_gib: must be >= 0 (0 = default 1.5)".into());
+        }
+        if pi.maintenance_interval.is_zero() {
+            errs.push("prefix_index.maintenance_interval: must be greater than 0".into());
+        }
+        let mut pnames = HashSet::new();
+        for (pi, p) in self.providers.iter().enumerate() {
+            if !pnames.insert(p.name.as_str()) {
+                errs.push(format!(
+                    "providers[{pi}].name: duplicate provider {:?}",
+                    p.name
+                ));
+            }
+            if !(p.base_url.starts_with("http://") || p.base_url.starts_with("https://")) {
+                errs.push(format!(
+                    "providers[{pi}].base_url: {:?} must start with http:// or https://",
+                    p.base_url
+                ));
+            }
+        }
+        let mut rnames = HashSet::new();
+        for (ri, r) in self.routes.iter().enumerate() {
+            let p = format!("routes[{ri}]");
+            if r.name.is_empty() {
+                errs.push(format!("{p}.name: must not be empty"));
+            } else if names.contains(r.name.as_str()) {
+                errs.push(format!(
+                    "{p}.name: {:?} is already a service name; a model name is either a service or a route",
+                    r.name
+                ));
+            } else if !rnames.insert(r.name.as_str()) {
+                errs.push(format!("{p}.name: duplicate route {:?}", r.name));
+            }
+            if r.targets.is_empty() {
+                errs.push(format!("{p}.targets: at least one target is required"));
+            }
+            let mut seen = HashSet::new();
+            for (ti, t) in r.targets.iter().enumerate() {
+                if !names.contains(t.service.as_str()) {
+                    errs.push(format!(
+                        "{p}.targets[{ti}].service: {:?} is not the name of a service",
+                        t.service
+                    ));
+                } else if !seen.insert(t.service.as_str()) {
+                    errs.push(format!(
+                        "{p}.targets[{ti}].service: {:?} is listed twice",
+                        t.service
+                    ));
+                }
+            }
+            match r.route_by() {
+                Some("weight") => {
+                    for (ti, t) in r.targets.iter().enumerate() {
+                        if t.weight.is_none() {
+                            errs.push(format!(
+                                "{p}.targets[{ti}].weight: required when route_by is weight"
+                            ));
+                        }
+                    }
+                    if r.targets.iter().all(|t| t.weight.unwrap_or(0) == 0) {
+                        errs.push(format!("{p}.targets: at least one weight must be positive"));
+                    }
+                }
+                Some("policy") => match &r.policy {
+                    None => errs.push(format!("{p}.policy: required when route_by is policy")),
+                    Some(ps) => {
+                        validate_policy(ps, &format!("{p}.policy"), &mut errs);
+                        let wants_decision =
+                            ps.plugins.iter().any(|x| x.kind == "decision-service");
+                        if wants_decision && r.decision.is_none() {
+                            errs.push(format!(
+                                "{p}.decision: required by the decision-service plugin"
+                            ));
+                        }
+                    }
+                },
+                Some("round-robin") => {}
+                other => errs.push(format!(
+                    "{p}.route_by: unknown mode {:?} (expected round-robin, weight or policy)",
+                    other.unwrap_or_default()
+                )),
+            }
+            if let Some(d) = &r.decision {
+                if !pnames.contains(d.provider.as_str()) {
+                    errs.push(format!(
+                        "{p}.decision.provider: {:?} is not the name of a provider",
+                        d.provider
+                    ));
+                }
+                if d.timeout.is_zero() {
+                    errs.push(format!("{p}.decision.timeout: must be greater than 0"));
+                }
+            }
+        }
         match (&self.routing.strict, &self.routing.default_model) {
             (true, Some(_)) => errs.push(
                 "routing.default_model: only used when routing.strict is false; set strict: false or remove it"
@@ -292,6 +638,97 @@ impl Config {
     /// The load-balancing policy of service `i` (validated).
     pub fn lb_policy(s: &ServiceConfig) -> LbPolicy {
         LbPolicy::parse(&s.load_balancing).unwrap_or_default()
+    }
+}
+
+impl RouteConfig {
+    /// The effective `route_by`.
+    pub fn route_by(&self) -> Option<&str> {
+        match self.route_by.as_deref() {
+            Some(m) => Some(m),
+            None if self.policy.is_some() => Some("policy"),
+            None if self.targets.iter().any(|t| t.weight.is_some()) => Some("weight"),
+            None => Some("round-robin"),
+        }
+    }
+}
+
+fn validate_scheduler(sc: &SchedulerConfig, p: &str, errs: &mut Vec<String>) {
+    match sc {
+        SchedulerConfig::Layered { affinity, prefix } => {
+            if let Some(a) = affinity {
+                if a.mode != "soft" && a.mode != "strict" {
+                    errs.push(format!(
+                        "{p}.affinity.mode: unknown mode {:?} (expected soft or strict)",
+                        a.mode
+                    ));
+                }
+                if a.headers.is_empty() {
+                    errs.push(format!(
+                        "{p}.affinity.headers: at least one header is required"
+                    ));
+                }
+                if a.soft_max_load_ratio.is_nan() || a.soft_max_load_ratio < 1.0 {
+                    errs.push(format!("{p}.affinity.soft_max_load_ratio: must be >= 1.0"));
+                }
+                if a.max_entries == 0 {
+                    errs.push(format!("{p}.affinity.max_entries: must be at least 1"));
+                }
+                if a.ttl.is_zero() {
+                    errs.push(format!("{p}.affinity.ttl: must be greater than 0"));
+                }
+            }
+            if let Some(x) = prefix {
+                if !(0.0..=1.0).contains(&x.min_hit_ratio) {
+                    errs.push(format!("{p}.prefix.min_hit_ratio: must be in [0, 1]"));
+                }
+                if x.load_tolerance.is_nan() || x.load_tolerance < 0.0 {
+                    errs.push(format!("{p}.prefix.load_tolerance: must be >= 0"));
+                }
+            }
+        }
+        SchedulerConfig::Policy(ps) => {
+            validate_policy(ps, p, errs);
+            if ps.plugins.iter().any(|x| x.kind == "decision-service") {
+                errs.push(format!(
+                    "{p}.plugins: decision-service chooses between a route's targets; use it in routes[].policy"
+                ));
+            }
+        }
+    }
+}
+
+fn validate_policy(ps: &PolicySettings, p: &str, errs: &mut Vec<String>) {
+    if ps.plugins.is_empty() {
+        errs.push(format!("{p}.plugins: at least one plugin is required"));
+    }
+    for (i, x) in ps.plugins.iter().enumerate() {
+        if !PLUGIN_KINDS.contains(&x.kind.as_str()) {
+            errs.push(format!(
+                "{p}.plugins[{i}].kind: unknown plugin {:?} (expected one of {})",
+                x.kind,
+                PLUGIN_KINDS.join(", ")
+            ));
+        }
+        if let Some(w) = x.weight {
+            if !(w.is_finite() && w > 0.0) {
+                errs.push(format!(
+                    "{p}.plugins[{i}].weight: must be a positive number"
+                ));
+            }
+        }
+    }
+    for (i, k) in ps.session_keys.iter().enumerate() {
+        let ok = k.strip_prefix("header:").is_some_and(|h| !h.is_empty())
+            || matches!(
+                k.as_str(),
+                "body:prompt_cache_key" | "body:user" | "body:metadata.user_id"
+            );
+        if !ok {
+            errs.push(format!(
+                "{p}.session_keys[{i}]: {k:?} is not header:NAME, body:prompt_cache_key, body:user or body:metadata.user_id"
+            ));
+        }
     }
 }
 

@@ -22,6 +22,16 @@ pub struct Metrics {
     pub inflight_tokens: IntGaugeVec,
     pub waiting: IntGaugeVec,
     pub decisions: IntCounterVec,
+    /// Prefix-aware requests: estimated prompt tokens, the best match over all instances
+    /// (ceiling) and the match on the chosen instance (predicted).
+    pub prefix_tokens: IntCounterVec,
+    /// The same requests as the engines reported them: prompt and cached tokens.
+    pub engine_tokens: IntCounterVec,
+    pub hit_ratio: prometheus::GaugeVec,
+    pub index_nodes: IntGaugeVec,
+    pub index_bytes: IntGaugeVec,
+    pub index_evicted_bytes: IntGaugeVec,
+    pub sessions: IntGaugeVec,
 }
 
 impl Metrics {
@@ -93,6 +103,59 @@ impl Metrics {
             &["reason"],
         )
         .expect("metric");
+        let prefix_tokens = IntCounterVec::new(
+            Opts::new(
+                "tokengate_prefix_tokens_total",
+                "Prefix-aware requests: estimated prompt tokens (kind=prompt), tokens of the best cached prefix on any instance (ceiling) and on the chosen instance (predicted)",
+            ),
+            &["kind"],
+        )
+        .expect("metric");
+        let engine_tokens = IntCounterVec::new(
+            Opts::new(
+                "tokengate_prefix_engine_tokens_total",
+                "Prefix-aware requests as the engines reported them: prompt and cached tokens",
+            ),
+            &["kind"],
+        )
+        .expect("metric");
+        let hit_ratio = prometheus::GaugeVec::new(
+            Opts::new(
+                "tokengate_prefix_hit_ratio",
+                "Cached share of prompt tokens: ceiling (best instance for every request), predicted (chosen instance, by the index), engine (reported cached_tokens)",
+            ),
+            &["kind"],
+        )
+        .expect("metric");
+        let index_nodes = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_prefix_index_nodes",
+                "Nodes of a scheduler's prefix index",
+            ),
+            &["scheduler"],
+        )
+        .expect("metric");
+        let index_bytes = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_prefix_index_bytes",
+                "Approximate heap bytes of a scheduler's prefix index",
+            ),
+            &["scheduler"],
+        )
+        .expect("metric");
+        let index_evicted_bytes = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_prefix_index_evicted_bytes",
+                "Bytes evicted from a scheduler's prefix index by the memory bound since start",
+            ),
+            &["scheduler"],
+        )
+        .expect("metric");
+        let sessions = IntGaugeVec::new(
+            Opts::new("tokengate_sessions", "Session bindings held by a scheduler"),
+            &["scheduler"],
+        )
+        .expect("metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -102,6 +165,13 @@ impl Metrics {
             Box::new(inflight_tokens.clone()),
             Box::new(waiting.clone()),
             Box::new(decisions.clone()),
+            Box::new(prefix_tokens.clone()),
+            Box::new(engine_tokens.clone()),
+            Box::new(hit_ratio.clone()),
+            Box::new(index_nodes.clone()),
+            Box::new(index_bytes.clone()),
+            Box::new(index_evicted_bytes.clone()),
+            Box::new(sessions.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -118,7 +188,30 @@ impl Metrics {
             inflight_tokens,
             waiting,
             decisions,
+            prefix_tokens,
+            engine_tokens,
+            hit_ratio,
+            index_nodes,
+            index_bytes,
+            index_evicted_bytes,
+            sessions,
         }
+    }
+
+    /// Refreshes the hit-ratio gauges from their counters.
+    pub fn update_ratios(&self) {
+        let p = self.prefix_tokens.with_label_values(&["prompt"]).get() as f64;
+        for kind in ["ceiling", "predicted"] {
+            let v = self.prefix_tokens.with_label_values(&[kind]).get() as f64;
+            self.hit_ratio
+                .with_label_values(&[kind])
+                .set(if p > 0.0 { v / p } else { 0.0 });
+        }
+        let ep = self.engine_tokens.with_label_values(&["prompt"]).get() as f64;
+        let ec = self.engine_tokens.with_label_values(&["cached"]).get() as f64;
+        self.hit_ratio
+            .with_label_values(&["engine"])
+            .set(if ep > 0.0 { ec / ep } else { 0.0 });
     }
 
     /// Prometheus text exposition of everything registered.

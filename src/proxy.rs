@@ -17,7 +17,8 @@ use crate::bigbody;
 use crate::error::GatewayError;
 use crate::load::{LoadGuard, Outcome};
 use crate::metrics::Metrics;
-use crate::state::{Instance, Runtime, Service};
+use crate::schedule::{self, Chosen, Inputs};
+use crate::state::{Dest, Instance, Runtime};
 use crate::usage::{JsonCollector, SseScanner, Usage};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -49,16 +50,19 @@ pub struct Gateway {
 
 /// What a subrequest inherits from the main request that read the body.
 pub struct Handoff {
-    pub route: Route,
+    pub plan: Plan,
     pub body: Bytes,
 }
 
 /// A parsed, resolved request: everything needed to pick an instance and send the body.
 #[derive(Clone)]
-pub struct Route {
+pub struct Plan {
     pub api: Api,
     pub info: Arc<RequestInfo>,
-    pub service: Arc<Service>,
+    /// The service or route the request's `model` resolved to.
+    pub dest: Dest,
+    /// The decision service's choice of target (routes with a decision-service plugin).
+    pub decision: Option<u32>,
     pub runtime: Arc<Runtime>,
     pub start: Instant,
     pub request_id: String,
@@ -73,14 +77,18 @@ pub struct Ctx {
     start: Instant,
     request_id: String,
     api: Option<Api>,
-    route: Option<Route>,
+    plan: Option<Plan>,
     /// The body sent upstream (the client's bytes, or a rewrite).
     body: Option<Bytes>,
-    /// Instances already tried (indexes in the service).
-    tried: Vec<usize>,
+    /// Instances already tried.
+    tried: Vec<tokengate_plugins::InstanceKey>,
     guard: Option<LoadGuard<Instance>>,
     instance_id: Option<String>,
-    reason: &'static str,
+    reason: std::borrow::Cow<'static, str>,
+    /// The current attempt's scheduling decision.
+    chosen: Option<Chosen>,
+    /// The prompt's block hashes (computed when a prefix-aware scheduler needs them).
+    blocks: Option<Vec<u64>>,
     ttft: Option<Duration>,
     body_seen: bool,
     sse: Option<SseScanner>,
@@ -297,24 +305,17 @@ impl Gateway {
             Ok(i) => i,
             Err(e) => return self.reject(session, ctx, e).await,
         };
-        let Some((service, fallback)) = rt.resolve(&info.model) else {
+        let Some(dest) = rt.resolve(&info.model) else {
             let e = GatewayError::ModelNotFound(format!(
                 "model {:?} is not served here; GET /v1/models lists the models",
                 info.model
             ));
             return self.reject(session, ctx, e).await;
         };
-        // The upstream body: the client's bytes unless a feature must rewrite them.
+        // The upstream body: the client's bytes unless a feature must rewrite them (the
+        // model is rewritten per attempt, in upstream_peer, when a route or the default
+        // model sends the request to a service of another name).
         let mut upstream_body = body;
-        if fallback {
-            match api::rewrite_model(&upstream_body, &service.name) {
-                Some(b) => upstream_body = Bytes::from(b),
-                None => {
-                    let e = GatewayError::BadRequest("request body must be a JSON object".into());
-                    return self.reject(session, ctx, e).await;
-                }
-            }
-        }
         let mut strip_usage = false;
         if info.stream && api.has_stream_options() && !info.client_wants_usage {
             let injected = if info.has_stream_options {
@@ -328,10 +329,12 @@ impl Gateway {
             }
         }
         let forward_auth = rt.api_keys.is_empty();
-        let route = Route {
+        let decision = self.ask_decision_service(&dest, &info).await;
+        let plan = Plan {
             api,
             info: Arc::new(info),
-            service,
+            dest,
+            decision,
             runtime: rt,
             start: ctx.start,
             request_id: ctx.request_id.clone(),
@@ -345,16 +348,21 @@ impl Gateway {
             bigbody::run(
                 session,
                 Handoff {
-                    route,
+                    plan,
                     body: upstream_body,
                 },
             )
             .await?;
             return Ok(true);
         }
-        ctx.route = Some(route);
+        ctx.plan = Some(plan);
         ctx.body = Some(upstream_body);
         Ok(false)
+    }
+
+    /// Asks the route's decision service which target fits (routes with one configured).
+    async fn ask_decision_service(&self, _dest: &Dest, _info: &RequestInfo) -> Option<u32> {
+        None
     }
 }
 
@@ -384,12 +392,14 @@ impl ProxyHttp for Gateway {
             start: Instant::now(),
             request_id: String::new(),
             api: None,
-            route: None,
+            plan: None,
             body: None,
             tried: Vec::new(),
             guard: None,
             instance_id: None,
-            reason: "",
+            reason: std::borrow::Cow::Borrowed(""),
+            chosen: None,
+            blocks: None,
             ttft: None,
             body_seen: false,
             sse: None,
@@ -420,10 +430,10 @@ impl ProxyHttp for Gateway {
                     "subrequest without a handoff",
                 ));
             };
-            ctx.start = h.route.start;
-            ctx.request_id = h.route.request_id.clone();
-            ctx.api = Some(h.route.api);
-            ctx.route = Some(h.route);
+            ctx.start = h.plan.start;
+            ctx.request_id = h.plan.request_id.clone();
+            ctx.api = Some(h.plan.api);
+            ctx.plan = Some(h.plan);
             ctx.body = Some(h.body);
             return Ok(false);
         }
@@ -434,60 +444,65 @@ impl ProxyHttp for Gateway {
         self.main_request(session, ctx).await
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        let Some(route) = ctx.route.as_ref() else {
-            return Err(Error::explain(ErrorType::InternalError, "no route"));
+    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let Some(plan) = ctx.plan.clone() else {
+            return Err(Error::explain(ErrorType::InternalError, "no plan"));
         };
         // A retry: the previous attempt failed to connect.
         if let Some(g) = ctx.guard.take() {
             g.finish(Outcome::Failed);
         }
-        let svc = &route.service;
         if ctx.tried.len() >= MAX_ATTEMPTS {
             return Err(gw_err(GatewayError::BadGateway(format!(
                 "{} attempts to reach an instance of {:?} failed",
                 ctx.tried.len(),
-                svc.name
+                plan.dest.name()
             ))));
         }
-        let cands = svc.candidates(&ctx.tried);
-        let turn = svc.next_turn();
-        let Some(pick) = tokengate_plugins::pick(svc.policy, &cands, turn) else {
-            return Err(gw_err(GatewayError::Unavailable(format!(
-                "no instance of {:?} is available ({} tried)",
-                svc.name,
-                ctx.tried.len()
-            ))));
+        let mut inputs = Inputs {
+            headers: &session.req_header().headers,
+            info: &plan.info,
+            api: plan.api,
+            blocks: &mut ctx.blocks,
+            block_bytes: plan.runtime.block_bytes,
+            decision: plan.decision,
         };
-        let chosen = cands[pick.pos];
-        let inst = svc.instances[chosen.idx].clone();
-        debug!(
-            "route {} model={} service={} policy={} chose={} candidates=[{}]",
-            ctx.request_id,
-            route.info.model,
-            svc.name,
-            svc.policy,
-            inst.id,
-            cands
-                .iter()
-                .map(|c| format!(
-                    "{}:req={},tok={},wait={}",
-                    svc.instances[c.idx].id, c.inflight_requests, c.inflight_tokens, c.waiting
-                ))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        ctx.reason = pick.reason.as_str();
+        let chosen = schedule::choose(&plan.dest, &mut inputs, &ctx.tried).map_err(gw_err)?;
+        let inst = chosen.instance.clone();
+        if let Some(x) = &chosen.explain {
+            debug!(
+                "route {} model={} dest={} {}",
+                ctx.request_id,
+                plan.info.model,
+                plan.dest.name(),
+                x
+            );
+        }
         self.shared
             .metrics
             .decisions
-            .with_label_values(&[ctx.reason])
+            .with_label_values(&[chosen.metric_reason()])
             .inc();
-        ctx.tried.push(chosen.idx);
+        // The engine serves the service's name: rewrite `model` when the client named a
+        // route or fell back to the default model.
+        if chosen.service.name != plan.info.model {
+            if let Some(b) = ctx
+                .body
+                .as_ref()
+                .and_then(|b| api::rewrite_model(b, &chosen.service.name))
+            {
+                ctx.body = Some(Bytes::from(b));
+            }
+        }
+        ctx.reason = chosen.reason.clone();
+        ctx.tried.push(inst.key);
         ctx.instance_id = Some(inst.id.clone());
-        let tokens = route.info.expected_tokens();
-        ctx.guard = Some(LoadGuard::acquire(inst.clone(), tokens));
-        let t = &route.runtime.timeouts;
+        ctx.guard = Some(LoadGuard::acquire(
+            inst.clone(),
+            plan.info.expected_tokens(),
+        ));
+        ctx.chosen = Some(chosen);
+        let t = &plan.runtime.timeouts;
         let mut peer = HttpPeer::new(inst.addr, false, String::new());
         peer.options.connection_timeout = Some(t.connect);
         peer.options.total_connection_timeout = Some(t.connect);
@@ -504,8 +519,11 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if let Some(route) = ctx.route.as_ref() {
-            let more = route.service.instances.len() > ctx.tried.len();
+        if let Some(plan) = ctx.plan.as_ref() {
+            let more = match &plan.dest {
+                Dest::Service(s) => s.has_untried(&ctx.tried),
+                Dest::Route(r) => r.targets.iter().any(|s| s.has_untried(&ctx.tried)),
+            };
             if more && ctx.tried.len() < MAX_ATTEMPTS {
                 warn!(
                     "request {}: connect to {} failed ({e}); retrying on another instance",
@@ -531,8 +549,8 @@ impl ProxyHttp for Gateway {
         // The gateway parses the response: no compression.
         up.remove_header("accept-encoding");
         up.insert_header("x-request-id", ctx.request_id.as_str())?;
-        if let Some(route) = ctx.route.as_ref() {
-            if !route.forward_auth {
+        if let Some(plan) = ctx.plan.as_ref() {
+            if !plan.forward_auth {
                 // The client's key is the gateway's, not the engine's.
                 up.remove_header("authorization");
                 up.remove_header("x-api-key");
@@ -575,7 +593,7 @@ impl ProxyHttp for Gateway {
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        let strip = ctx.route.as_ref().is_some_and(|r| r.strip_usage);
+        let strip = ctx.plan.as_ref().is_some_and(|r| r.strip_usage);
         if is_sse {
             ctx.sse = Some(SseScanner::new(strip));
             if strip {
@@ -588,7 +606,7 @@ impl ProxyHttp for Gateway {
             resp.insert_header("x-tokengate-instance", id)?;
         }
         if !ctx.reason.is_empty() {
-            resp.insert_header("x-tokengate-reason", ctx.reason)?;
+            resp.insert_header("x-tokengate-reason", ctx.reason.as_ref())?;
         }
         resp.insert_header("x-request-id", ctx.request_id.as_str())?;
         Ok(())
@@ -630,8 +648,8 @@ impl ProxyHttp for Gateway {
             } else if let Some(j) = ctx.json.as_mut() {
                 ctx.usage = j.finish().unwrap_or_default();
             }
-        } else if let Some(route) = ctx.route.as_ref() {
-            if ctx.start.elapsed() > route.runtime.timeouts.total {
+        } else if let Some(plan) = ctx.plan.as_ref() {
+            if ctx.start.elapsed() > plan.runtime.timeouts.total {
                 ctx.deadline_hit = true;
                 return Err(Error::explain(
                     ErrorType::HTTPStatus(504),
@@ -720,19 +738,49 @@ impl ProxyHttp for Gateway {
             g.finish(outcome);
         }
         let m = &self.shared.metrics;
-        let model = ctx.route.as_ref().map_or("-", |r| r.service.name.as_str());
+        if let Some(c) = ctx.chosen.as_ref() {
+            if outcome == Outcome::Completed {
+                schedule::on_complete(c, ctx.blocks.as_deref());
+            }
+            if let Some(p) = c.prefix {
+                let bt = ctx.plan.as_ref().map_or(0, |p| p.runtime.block_tokens) as u64;
+                m.prefix_tokens
+                    .with_label_values(&["prompt"])
+                    .inc_by(u64::from(p.prompt_blocks) * bt);
+                m.prefix_tokens
+                    .with_label_values(&["ceiling"])
+                    .inc_by(u64::from(p.best) * bt);
+                m.prefix_tokens
+                    .with_label_values(&["predicted"])
+                    .inc_by(u64::from(p.matched) * bt);
+                if let (Some(prompt), Some(cached)) = (ctx.usage.prompt, ctx.usage.cached) {
+                    m.engine_tokens
+                        .with_label_values(&["prompt"])
+                        .inc_by(prompt);
+                    m.engine_tokens
+                        .with_label_values(&["cached"])
+                        .inc_by(cached);
+                }
+            }
+        }
+        let model = ctx
+            .chosen
+            .as_ref()
+            .map(|c| c.service.name.as_str())
+            .or(ctx.plan.as_ref().map(|p| p.dest.name()))
+            .unwrap_or("-");
         let instance = ctx.instance_id.as_deref().unwrap_or("-");
         let code = status.to_string();
         m.requests
             .with_label_values(&[model, instance, code.as_str()])
             .inc();
         let dur = ctx.start.elapsed();
-        if ctx.route.is_some() {
+        if ctx.plan.is_some() {
             m.duration
                 .with_label_values(&[model])
                 .observe(dur.as_secs_f64());
         }
-        let stream = ctx.route.as_ref().is_some_and(|r| r.info.stream);
+        let stream = ctx.plan.as_ref().is_some_and(|r| r.info.stream);
         if let (true, Some(t)) = (stream, ctx.ttft) {
             m.ttft.with_label_values(&[model]).observe(t.as_secs_f64());
         }
@@ -758,7 +806,7 @@ impl ProxyHttp for Gateway {
             req.method,
             req.uri.path(),
             if stream { "stream" } else { "unary" },
-            ctx.route.as_ref().map_or("-", |r| r.info.model.as_str()),
+            ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
             instance,
             status,
             ctx.ttft.map_or("-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),
@@ -766,7 +814,7 @@ impl ProxyHttp for Gateway {
             u.prompt.map_or("-".into(), |v| v.to_string()),
             u.completion.map_or("-".into(), |v| v.to_string()),
             u.cached.map_or("-".into(), |v| v.to_string()),
-            if ctx.reason.is_empty() { "-" } else { ctx.reason },
+            if ctx.reason.is_empty() { "-" } else { ctx.reason.as_ref() },
             ctx.request_id,
             err,
         );

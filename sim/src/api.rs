@@ -177,6 +177,52 @@ pub(crate) fn parse(api: Api, raw: &[u8]) -> Result<Parsed, String> {
     })
 }
 
+fn content_text(v: &Value) -> String {
+    let mut buf = Vec::new();
+    render_content(&mut buf, v);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Decision mode: the system text (system/developer messages, Anthropic
+/// `system`, Responses `instructions`, joined by newlines) and the text of
+/// the last user message of a request body. `None` for the completions API
+/// and for bodies that do not parse.
+pub(crate) fn decision_texts(api: Api, raw: &[u8]) -> Option<(String, String)> {
+    fn messages(items: &Value, system: &mut Vec<String>, user: &mut String) {
+        for m in items.as_array().into_iter().flatten() {
+            let content = m.get("content").unwrap_or(&Value::Null);
+            match m.get("role").and_then(Value::as_str) {
+                Some("system" | "developer") => system.push(content_text(content)),
+                Some("user") => *user = content_text(content),
+                _ => {}
+            }
+        }
+    }
+    let body: Value = serde_json::from_slice(raw).ok()?;
+    let mut system = Vec::new();
+    let mut user = String::new();
+    match api {
+        Api::Completions => return None,
+        Api::Chat => messages(body.get("messages")?, &mut system, &mut user),
+        Api::Messages => {
+            if let Some(s) = body.get("system") {
+                system.push(content_text(s));
+            }
+            messages(body.get("messages")?, &mut system, &mut user);
+        }
+        Api::Responses => {
+            if let Some(i) = body.get("instructions") {
+                system.push(content_text(i));
+            }
+            match body.get("input")? {
+                Value::String(s) => user = s.clone(),
+                items => messages(items, &mut system, &mut user),
+            }
+        }
+    }
+    Some((system.join("\n"), user))
+}
+
 const WORDS: &[&str] = &[
     "the",
     "model",
@@ -239,9 +285,50 @@ pub(crate) struct Meta {
     pub length_limited: bool,
     pub include_usage: bool,
     pub target: u32,
+    /// Decision mode: the answer text, spread over the `target` tokens
+    /// (4 bytes per token, the rest in the last one) instead of filler words.
+    pub answer: Option<String>,
+}
+
+/// Output tokens needed for `answer` (4 bytes per token, at least 1).
+pub(crate) fn answer_tokens(answer: &str) -> u32 {
+    answer.len().div_ceil(4).max(1) as u32
 }
 
 impl Meta {
+    /// Byte offset of the end of token `i` of the answer (on a char boundary).
+    fn answer_cut(answer: &str, i: u32, target: u32) -> usize {
+        if i >= target {
+            return answer.len();
+        }
+        let mut at = (i as usize * 4).min(answer.len());
+        while !answer.is_char_boundary(at) {
+            at -= 1;
+        }
+        at
+    }
+
+    /// Append the text of tokens `from..to`, JSON-escaped (no quotes).
+    fn push_text(&self, out: &mut String, from: u32, to: u32) {
+        match &self.answer {
+            None => push_tokens(out, self.seed, from, to),
+            Some(a) => {
+                let piece =
+                    &a[Self::answer_cut(a, from, self.target)..Self::answer_cut(a, to, self.target)];
+                let quoted = Value::String(piece.to_string()).to_string();
+                out.push_str(&quoted[1..quoted.len() - 1]);
+            }
+        }
+    }
+
+    /// The whole text of `n` generated tokens.
+    fn text(&self, n: u32) -> String {
+        match &self.answer {
+            None => full_text(self.seed, n),
+            Some(a) => a[..Self::answer_cut(a, n, self.target)].to_string(),
+        }
+    }
+
     fn finish_reason(&self) -> &'static str {
         match (self.api, self.length_limited) {
             (Api::Messages, true) => "max_tokens",
@@ -319,7 +406,7 @@ impl Meta {
 
     /// Non-stream response body.
     pub fn full_response(&self, u: &Usage) -> Value {
-        let text = full_text(self.seed, u.completion);
+        let text = self.text(u.completion);
         let fr = self.finish_reason();
         match self.api {
             Api::Chat => json!({
@@ -524,7 +611,7 @@ impl StreamFmt {
             return;
         }
         out.push_str(&self.head);
-        push_tokens(out, self.meta.seed, self.sent, upto);
+        self.meta.push_text(out, self.sent, upto);
         self.sent = upto;
         self.chunks += 1;
         if self.meta.api == Api::Responses {
@@ -562,7 +649,7 @@ impl StreamFmt {
                 out.push_str("data: [DONE]\n\n");
             }
             Api::Responses => {
-                let text = full_text(m.seed, u.completion);
+                let text = m.text(u.completion);
                 let item_id = m.item_id.clone();
                 let status = m.responses_status();
                 let full = m.response_object(status, Some(&text), Some(u));
@@ -685,6 +772,7 @@ mod tests {
             length_limited: true,
             include_usage: true,
             target: 2,
+            answer: None,
         };
         let mut f = StreamFmt::new(meta, 10);
         let mut out = String::new();

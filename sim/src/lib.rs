@@ -5,7 +5,8 @@
 //! caching ([`kvcache`]), continuous batching with a shared decode-step clock,
 //! exposes vLLM-named Prometheus metrics and SGLang-router probe endpoints, and
 //! can inject faults ([`Faults`]) from the CLI, over HTTP (`/admin/faults`) or
-//! in-process ([`SimHandle::set_faults`]).
+//! in-process ([`SimHandle::set_faults`]). In [`decision`] mode it plays a
+//! rule-based routing model for tokengate's decision service.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -16,6 +17,7 @@
 //! ```
 
 mod api;
+pub mod decision;
 mod engine;
 mod faults;
 pub mod kvcache;
@@ -60,6 +62,9 @@ pub struct SimConfig {
     pub chunk_tokens: usize,
     /// Initial faults.
     pub faults: Faults,
+    /// Decision mode ([`decision`]): chat requests whose system text holds a
+    /// target list are answered with one target's name instead of filler.
+    pub decision_mode: bool,
 }
 
 impl Default for SimConfig {
@@ -78,6 +83,7 @@ impl Default for SimConfig {
             default_output_tokens: 64,
             chunk_tokens: 1,
             faults: Faults::default(),
+            decision_mode: false,
         }
     }
 }
@@ -143,6 +149,11 @@ pub struct SimArgs {
     /// Tokens per streamed SSE chunk
     #[arg(long, default_value_t = 1)]
     pub chunk_tokens: usize,
+    /// Act as a rule-based decision model: chat requests whose system text
+    /// holds a target list ("N. name: criteria" lines) are answered with the
+    /// name of the target whose criteria best match the last user message
+    #[arg(long)]
+    pub decision_mode: bool,
     #[command(flatten)]
     pub faults: Faults,
 }
@@ -163,6 +174,7 @@ impl SimArgs {
             default_output_tokens: self.default_output_tokens,
             chunk_tokens: self.chunk_tokens,
             faults: self.faults,
+            decision_mode: self.decision_mode,
         }
     }
 }

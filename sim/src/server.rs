@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use crate::api::{self, Api, Meta, StreamFmt};
+use crate::decision;
 use crate::engine::{Engine, Ev, Submit, Usage};
 use crate::kvcache::{block_hashes, token_count};
 use crate::{Faults, SimConfig};
@@ -395,10 +396,24 @@ async fn inference(
         ));
     }
     let prompt_tokens = token_count(&parsed.prompt);
-    let (output_tokens, length_limited) = match (override_tokens, parsed.max_tokens) {
-        (Some(n), _) => (n, false),
-        (None, Some(n)) => (n, true),
-        (None, None) => (cfg.default_output_tokens as u64, false),
+    // Decision mode: the answer is a target name; its length sets the output
+    // (cut by max_tokens like a real model), x-sim-output-tokens is ignored.
+    let answer = if cfg.decision_mode {
+        api::decision_texts(api, &raw).and_then(|(system, user)| decision::choose(&system, &user))
+    } else {
+        None
+    };
+    let (output_tokens, length_limited) = match (&answer, override_tokens, parsed.max_tokens) {
+        (Some(a), _, max) => {
+            let n = api::answer_tokens(a) as u64;
+            match max {
+                Some(m) if m < n => (m, true),
+                _ => (n, false),
+            }
+        }
+        (None, Some(n), _) => (n, false),
+        (None, None, Some(n)) => (n, true),
+        (None, None, None) => (cfg.default_output_tokens as u64, false),
     };
     let output_tokens = output_tokens.clamp(1, u32::MAX as u64 / 2) as usize;
     if prompt_tokens + output_tokens > cfg.max_model_len
@@ -451,6 +466,7 @@ async fn inference(
         length_limited,
         include_usage: parsed.include_usage,
         target: output_tokens as u32,
+        answer,
     };
     let first_byte_at = arrived + Duration::from_millis(faults.first_byte_delay_ms);
     if parsed.stream {

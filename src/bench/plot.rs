@@ -3,7 +3,8 @@
 //!
 //! * `ttft_cdf.svg` — cumulative distribution of TTFT (log-scaled time axis), all requests
 //!   and one line per instance.
-//! * `inflight.svg` — in-flight requests per instance over time (client view, bucketed).
+//! * `inflight.svg` — in-flight requests per instance over time (client view; the report's
+//!   buckets averaged in groups so that a line has at most 300 points).
 
 use std::path::{Path, PathBuf};
 
@@ -95,6 +96,7 @@ pub fn ttft_cdf_svg(report: &Report) -> anyhow::Result<String> {
             .x_desc("TTFT (ms, log scale)")
             .x_labels(30)
             .x_label_formatter(&log_label)
+            .light_line_style(BLACK.mix(0.03))
             .y_desc("fraction of requests")
             .y_label_formatter(&|y| format!("{y:.1}"))
             .draw()
@@ -141,9 +143,21 @@ pub fn ttft_cdf_svg(report: &Report) -> anyhow::Result<String> {
 pub fn inflight_svg(report: &Report) -> anyhow::Result<String> {
     let l = &report.load;
     let nb = l.inflight.first().map_or(0, |v| v.len());
-    let t_end = (nb as f64 * l.bucket_ms / 1000.0).max(1e-3);
-    let peak = l
+    // At most MAX_POINTS points per line: average groups of k buckets.
+    const MAX_POINTS: usize = 300;
+    let k = nb.div_ceil(MAX_POINTS).max(1);
+    let bucket_ms = l.bucket_ms * k as f64;
+    let series: Vec<Vec<f64>> = l
         .inflight
+        .iter()
+        .map(|v| {
+            v.chunks(k)
+                .map(|c| c.iter().sum::<f64>() / c.len() as f64)
+                .collect()
+        })
+        .collect();
+    let t_end = (nb as f64 * l.bucket_ms / 1000.0).max(1e-3);
+    let peak = series
         .iter()
         .flat_map(|v| v.iter().cloned())
         .fold(0.0, f64::max)
@@ -155,8 +169,8 @@ pub fn inflight_svg(report: &Report) -> anyhow::Result<String> {
         let mut chart = ChartBuilder::on(&root)
             .caption(
                 format!(
-                    "In-flight requests per instance ({:.0} ms buckets, imbalance {:.2})",
-                    l.bucket_ms, l.imbalance
+                    "In-flight requests per instance ({bucket_ms:.0} ms averages, imbalance {:.2})",
+                    l.imbalance
                 ),
                 ("sans-serif", 20),
             )
@@ -173,12 +187,12 @@ pub fn inflight_svg(report: &Report) -> anyhow::Result<String> {
             .y_desc("in-flight requests")
             .draw()
             .map_err(err)?;
-        for (k, (name, series)) in l.instances.iter().zip(&l.inflight).enumerate() {
-            let c = color(k);
+        for (i, (name, series)) in l.instances.iter().zip(&series).enumerate() {
+            let c = color(i);
             let pts = series
                 .iter()
                 .enumerate()
-                .map(|(b, &v)| ((b as f64 + 0.5) * l.bucket_ms / 1000.0, v));
+                .map(|(b, &v)| ((b as f64 + 0.5) * bucket_ms / 1000.0, v));
             chart
                 .draw_series(LineSeries::new(pts, c.stroke_width(1)))
                 .map_err(err)?
