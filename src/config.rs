@@ -147,6 +147,10 @@ pub struct PrefixIndexSettings {
     /// …or more than container memory − this many GiB (0 → 1.5), whichever comes first.
     #[serde(default)]
     pub reserved_memory_gib: f64,
+    /// Container memory in bytes, overriding what cgroups report (for hosts where the
+    /// limit is not visible, and for tests).
+    #[serde(default)]
+    pub memory_limit_bytes: Option<u64>,
 }
 
 impl Default for PrefixIndexSettings {
@@ -157,6 +161,7 @@ impl Default for PrefixIndexSettings {
             maintenance_interval: d_maint(),
             memory_threshold_ratio: 0.0,
             reserved_memory_gib: 0.0,
+            memory_limit_bytes: None,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod decision;
 pub mod demo;
 pub mod error;
 pub mod load;
+pub mod maintenance;
 pub mod metrics;
 pub mod proxy;
 pub mod schedule;

@@ -48,6 +48,10 @@ enum Cmd {
         #[command(flatten)]
         args: engine_sim::SimArgs,
     },
+    /// Benchmarks: replay a request trace (or a synthetic multi-turn workload) against any
+    /// OpenAI-compatible URL and report TTFT, latency, throughput, cache hits and load spread.
+    #[command(subcommand)]
+    Bench(BenchCmd),
     /// Validate a config file: exit 0 when valid; otherwise print every error with its YAML
     /// path (e.g. `services[1].instances[0].addr: invalid socket address`) and exit 1.
     Check {
@@ -55,6 +59,12 @@ enum Cmd {
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Open-loop replay of a Mooncake-format trace (or `--synthetic` sessions); see bench/README.md.
+    Replay(Box<tokengate::bench::ReplayArgs>),
 }
 
 fn init_logging() {
@@ -94,6 +104,26 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("tokengate demo: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Cmd::Bench(BenchCmd::Replay(args)) => {
+            init_logging();
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("bench: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match rt.block_on(tokengate::bench::run_replay(*args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bench replay: {e:#}");
                     ExitCode::from(1)
                 }
             }

@@ -102,6 +102,7 @@ where
 
 struct Acceptor {
     listeners: Mutex<Option<Listeners>>,
+    shared: Arc<Shared>,
     proxy: Arc<pingora::proxy::HttpProxy<Gateway>>,
     admin: Arc<Admin>,
 }
@@ -123,6 +124,12 @@ impl BackgroundService for Acceptor {
         tasks.push(tokio::spawn(accept_loop(
             l.admin,
             self.admin.clone(),
+            shutdown.clone(),
+        )));
+        let interval = self.shared.runtime.load().maintenance_interval;
+        tasks.push(tokio::spawn(crate::maintenance::run(
+            self.shared.clone(),
+            interval,
             shutdown.clone(),
         )));
         while !*shutdown.borrow() {
@@ -169,6 +176,7 @@ pub fn run(cfg: Config, listeners: Listeners) -> anyhow::Result<()> {
     );
     let acceptor = Acceptor {
         listeners: Mutex::new(Some(listeners)),
+        shared: shared.clone(),
         proxy: Arc::new(proxy),
         admin: Arc::new(Admin { shared }),
     };

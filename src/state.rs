@@ -378,6 +378,8 @@ pub struct Runtime {
     pub block_bytes: usize,
     /// Tokens per prefix block.
     pub block_tokens: usize,
+    pub memory: crate::maintenance::MemoryPolicy,
+    pub maintenance_interval: std::time::Duration,
 }
 
 impl Runtime {
@@ -468,6 +470,12 @@ impl Runtime {
             timeouts: cfg.timeouts.clone(),
             block_bytes: block_tokens * crate::api::BYTES_PER_TOKEN,
             block_tokens,
+            memory: crate::maintenance::MemoryPolicy::new(
+                cfg.prefix_index.memory_threshold_ratio,
+                cfg.prefix_index.reserved_memory_gib,
+                cfg.prefix_index.memory_limit_bytes,
+            ),
+            maintenance_interval: cfg.prefix_index.maintenance_interval,
         }
     }
 

@@ -285,8 +285,8 @@ pub(crate) struct Meta {
     pub length_limited: bool,
     pub include_usage: bool,
     pub target: u32,
-    /// Decision mode: the answer text, spread over the `target` tokens
-    /// (4 bytes per token, the rest in the last one) instead of filler words.
+    /// Decision mode: the answer text instead of filler words, 4 bytes per
+    /// token ([`answer_tokens`]); `target` may cut it short.
     pub answer: Option<String>,
 }
 
@@ -296,9 +296,10 @@ pub(crate) fn answer_tokens(answer: &str) -> u32 {
 }
 
 impl Meta {
-    /// Byte offset of the end of token `i` of the answer (on a char boundary).
-    fn answer_cut(answer: &str, i: u32, target: u32) -> usize {
-        if i >= target {
+    /// Byte offset of the end of token `i` of the answer (on a char boundary;
+    /// the last token takes the rest).
+    fn answer_cut(answer: &str, i: u32) -> usize {
+        if i >= answer_tokens(answer) {
             return answer.len();
         }
         let mut at = (i as usize * 4).min(answer.len());
@@ -313,8 +314,7 @@ impl Meta {
         match &self.answer {
             None => push_tokens(out, self.seed, from, to),
             Some(a) => {
-                let piece =
-                    &a[Self::answer_cut(a, from, self.target)..Self::answer_cut(a, to, self.target)];
+                let piece = &a[Self::answer_cut(a, from)..Self::answer_cut(a, to)];
                 let quoted = Value::String(piece.to_string()).to_string();
                 out.push_str(&quoted[1..quoted.len() - 1]);
             }
@@ -325,7 +325,7 @@ impl Meta {
     fn text(&self, n: u32) -> String {
         match &self.answer {
             None => full_text(self.seed, n),
-            Some(a) => a[..Self::answer_cut(a, n, self.target)].to_string(),
+            Some(a) => a[..Self::answer_cut(a, n)].to_string(),
         }
     }
 

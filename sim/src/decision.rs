@@ -54,8 +54,7 @@ fn list_item(line: &str) -> Option<&str> {
         return None;
     }
     let rest = &l[digits..];
-    rest.strip_prefix(". ")
-        .or_else(|| rest.strip_prefix(") "))
+    rest.strip_prefix(". ").or_else(|| rest.strip_prefix(") "))
 }
 
 /// The target list in a system text (see the module docs for the format).
@@ -167,7 +166,10 @@ mod tests {
 
     #[test]
     fn ties_go_to_the_first() {
-        assert_eq!(choose(SYSTEM, "nothing relevant"), Some("qwen3-0.6b".into()));
+        assert_eq!(
+            choose(SYSTEM, "nothing relevant"),
+            Some("qwen3-0.6b".into())
+        );
         assert_eq!(choose(SYSTEM, "math proofs"), Some("qwen3-32b".into()));
         assert_eq!(choose("no targets", "math"), None);
     }

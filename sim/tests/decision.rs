@@ -57,7 +57,10 @@ async fn seed_examples_pick_the_expected_model() {
         let completion = v["usage"]["completion_tokens"].as_u64().unwrap();
         assert_eq!(completion, want.len().div_ceil(4) as u64);
         let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
-        assert_eq!(v["usage"]["total_tokens"].as_u64().unwrap(), prompt + completion);
+        assert_eq!(
+            v["usage"]["total_tokens"].as_u64().unwrap(),
+            prompt + completion
+        );
     }
     sim.stop().await;
 }
@@ -169,6 +172,11 @@ fn cli_flag() {
         #[command(flatten)]
         sim: engine_sim::SimArgs,
     }
-    assert!(Cli::parse_from(["x", "--decision-mode"]).sim.into_config().decision_mode);
+    assert!(
+        Cli::parse_from(["x", "--decision-mode"])
+            .sim
+            .into_config()
+            .decision_mode
+    );
     assert!(!Cli::parse_from(["x"]).sim.into_config().decision_mode);
 }

@@ -282,12 +282,12 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
                 "trace": tw.source, "skip": tw.skip, "scaling": tw.scaling,
                 "session_heuristic": "first hash id after the prefix shared by all records",
             });
-            ("trace", params, scheduled, Some(ideal))
+            ("trace", params, Scheduled::Known(scheduled), Some(ideal))
         }
         Workload::Synthetic(sc) => {
-            let scheduled = dispatch_synthetic(&ctx, &cfg, sc, &mut tasks).await;
+            let claimed = dispatch_synthetic(&ctx, &cfg, sc, &mut tasks).await;
             let params = serde_json::to_value(sc).unwrap_or_default();
-            ("synthetic", params, scheduled, None)
+            ("synthetic", params, Scheduled::Counter(claimed), None)
         }
     };
 
@@ -314,6 +314,12 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
         }
         records.push(s.record);
     }
+    let scheduled = match scheduled {
+        Scheduled::Known(n) => n,
+        Scheduled::Counter(c) => c
+            .load(Ordering::Relaxed)
+            .min(cfg.limit.unwrap_or(usize::MAX)),
+    };
     let counts = Counts {
         scheduled,
         cancelled: sent.saturating_sub(records.len()),
@@ -349,6 +355,13 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+/// How many requests the workload produced: known up front (trace) or counted by the
+/// synthetic sessions as they go (claims of a request index; claims beyond --limit excluded).
+enum Scheduled {
+    Known(usize),
+    Counter(Arc<AtomicUsize>),
+}
+
 /// Sends the trace's requests at their times. Returns (requests scheduled, ideal hit ratios
 /// of the scheduled requests).
 async fn dispatch_trace(
@@ -382,11 +395,10 @@ async fn dispatch_trace(
         }
         while tasks.try_join_next().is_some() {}
         let ctx = ctx.clone();
-        let session = cfg
-            .session_header
-            .as_ref()
-            .and_then(|_| trace::session_root(&r.hash_ids, root_skip))
-            .map(|root| format!("trace-{root}"));
+        // The session key is always computed (for --url-policy session); it is sent as a
+        // header only when session headers are on.
+        let session =
+            trace::session_root(&r.hash_ids, root_skip).map(|root| format!("trace-{root}"));
         tasks.spawn(async move {
             let prompt = text.prompt(&r.hash_ids, r.input_tokens);
             let messages = serde_json::json!([{"role": "user", "content": prompt}]);
@@ -411,22 +423,24 @@ async fn dispatch_trace(
     (scheduled, ideal)
 }
 
-/// Starts every synthetic session at its arrival time. Returns the number of requests
-/// scheduled (known only at the end, so counted by the sessions; see [`replay`]).
+/// Starts every synthetic session that arrives before the end of --duration, at its arrival
+/// time. Returns the counter of request indices the sessions claim.
 async fn dispatch_synthetic(
     ctx: &Arc<Ctx>,
     cfg: &ReplayConfig,
     sc: &SynthConfig,
     tasks: &mut JoinSet<()>,
-) -> usize {
+) -> Arc<AtomicUsize> {
     let arrivals = sc.arrivals(cfg.seed);
     let budget = cfg.limit.unwrap_or(usize::MAX);
     let next_index = Arc::new(AtomicUsize::new(0));
     let mut sessions = JoinSet::new();
     for (s, at) in arrivals.into_iter().enumerate() {
+        if cfg.duration.is_some_and(|d| at >= d) {
+            break; // arrivals are sorted
+        }
         let (ctx, sc, next_index) = (ctx.clone(), sc.clone(), next_index.clone());
         let seed = cfg.seed;
-        let with_header = cfg.session_header.is_some();
         sessions.spawn(async move {
             tokio::time::sleep_until((ctx.t0 + at).into()).await;
             let session = SynthConfig::session_id(seed, s);
@@ -454,7 +468,7 @@ async fn dispatch_synthetic(
                     .send(
                         index,
                         Some(turn),
-                        with_header.then(|| session.clone()),
+                        Some(session.clone()),
                         scheduled,
                         waited,
                         body,
@@ -481,7 +495,5 @@ async fn dispatch_synthetic(
     }
     // The sessions run in their own set; hand them to the caller's drain as one task.
     tasks.spawn(async move { while sessions.join_next().await.is_some() {} });
-    // Sessions claim indices lazily; the count is final once they end. Approximate the
-    // scheduled count by the intended total, capped by the limit.
-    (sc.sessions * sc.turns).min(budget)
+    next_index
 }

@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 pub struct RequestRecord {
     /// Position in the workload (trace line after --skip, or the synthetic request counter).
     pub index: usize,
-    /// Session header value sent, if any.
+    /// Session key: the trace's conversation root (`trace-<id>`) or the synthetic session
+    /// (`syn-<seed>-<s>`); sent as the session header only when session headers are on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
     /// Synthetic turn number (0-based).
@@ -172,7 +173,8 @@ impl Stats {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Counts {
-    /// Requests the workload produced within --limit / --duration.
+    /// Requests the workload produced within --limit / --duration (trace: due before the
+    /// end; synthetic: turns the sessions started).
     pub scheduled: usize,
     /// Requests actually sent (ok + failed + cancelled).
     pub sent: usize,

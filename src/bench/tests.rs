@@ -448,3 +448,30 @@ async fn duration_and_skip_bound_the_trace() {
     assert_eq!(r.requests[0].scheduled_ms, 0.0);
     assert!((r.requests[1].scheduled_ms - 0.1).abs() < 1e-9);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synthetic_limit_and_no_session_header() {
+    let s = sims(1).await;
+    let mut cfg = ReplayConfig::new(
+        vec![s[0].url()],
+        MODEL,
+        Workload::Synthetic(SynthConfig {
+            sessions: 4,
+            turns: 3,
+            system_prompts: 1,
+            system_tokens: 64,
+            user_tokens: 8,
+            output_tokens: 4,
+            rate: 0.0,
+            think_time: Duration::ZERO,
+        }),
+    );
+    cfg.limit = Some(5);
+    cfg.request_timeout = Duration::from_secs(20);
+    let r = replay(cfg).await.expect("replay");
+    stop(s).await;
+    assert_eq!((r.counts.scheduled, r.counts.sent, r.counts.ok), (5, 5, 5));
+    assert!(r.meta.session_header.is_none());
+    // Session keys are still recorded (they drive --url-policy session).
+    assert!(r.requests.iter().all(|x| x.session.is_some()));
+}

@@ -406,3 +406,46 @@ pub fn dead_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
 }
+
+/// `n` engine-sims serving `model`, ids `{prefix}1..n`.
+pub async fn sims(
+    n: usize,
+    model: &str,
+    prefix: &str,
+    time_scale: f64,
+) -> Vec<engine_sim::SimHandle> {
+    let mut v = Vec::new();
+    for i in 1..=n {
+        v.push(
+            engine_sim::spawn_local(engine_sim::SimConfig {
+                id: format!("{prefix}{i}"),
+                model: model.into(),
+                time_scale,
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    v
+}
+
+/// The instance list of a service block for `sims`.
+pub fn sim_instances(sims: &[engine_sim::SimHandle]) -> String {
+    let mut s = String::from("    instances:\n");
+    for h in sims {
+        s.push_str(&format!(
+            "      - {{id: {}, addr: \"{}\"}}\n",
+            h.id(),
+            h.addr
+        ));
+    }
+    s
+}
+
+/// A metric's value from Prometheus text (first line starting with `name_and_labels `).
+pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}

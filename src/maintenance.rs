@@ -1,0 +1,170 @@
+//! Background upkeep of the routing state, every `prefix_index.maintenance_interval`:
+//! expired session bindings and prefix-index entries are swept, and when the process uses
+//! more memory than allowed the prefix indexes give back their least recently used entries.
+//!
+//! The memory budget is the smaller of container memory × `memory_threshold_ratio` (0 →
+//! 0.70) and container memory − `reserved_memory_gib` (0 → 1.5 GiB). Container memory is
+//! read from cgroup v2 (`memory.max`), then cgroup v1 (`memory.limit_in_bytes`), then the
+//! host's `MemTotal` when unlimited; `memory_limit_bytes` overrides it.
+
+use crate::proxy::Shared;
+use crate::state::now_ms;
+use log::{info, warn};
+use std::sync::Arc;
+use std::time::Duration;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Memory settings of the index (resolved defaults).
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryPolicy {
+    pub ratio: f64,
+    pub reserved_bytes: u64,
+    /// Container memory override.
+    pub limit_override: Option<u64>,
+}
+
+impl MemoryPolicy {
+    pub fn new(ratio: f64, reserved_gib: f64, limit_override: Option<u64>) -> Self {
+        MemoryPolicy {
+            ratio: if ratio > 0.0 { ratio } else { 0.70 },
+            reserved_bytes: ((if reserved_gib > 0.0 {
+                reserved_gib
+            } else {
+                1.5
+            }) * GIB) as u64,
+            limit_override,
+        }
+    }
+
+    /// The most memory the process may use before the indexes are trimmed.
+    pub fn budget(&self, container: u64) -> u64 {
+        let by_ratio = (container as f64 * self.ratio) as u64;
+        let by_reserve = container.saturating_sub(self.reserved_bytes);
+        by_ratio.min(by_reserve)
+    }
+}
+
+/// Container memory: cgroup v2, then v1, then the host's memory.
+pub fn container_memory() -> Option<u64> {
+    if let Ok(s) = std::fs::read_to_string("/sys/fs/cgroup/memory.max") {
+        let s = s.trim();
+        if s != "max" {
+            if let Ok(v) = s.parse::<u64>() {
+                return Some(v);
+            }
+        }
+    }
+    if let Ok(s) = std::fs::read_to_string("/sys/fs/cgroup/memory/memory.limit_in_bytes") {
+        if let Ok(v) = s.trim().parse::<u64>() {
+            // v1 reports "unlimited" as a huge page-aligned number.
+            if v < (1u64 << 60) {
+                return Some(v);
+            }
+        }
+    }
+    host_memory()
+}
+
+fn host_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resident memory of this process.
+pub fn process_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// One maintenance pass. Returns the bytes evicted for memory.
+pub fn run_once(shared: &Shared) -> u64 {
+    let rt = shared.runtime.load();
+    let now = now_ms();
+    let scheds = rt.schedulers();
+    for (_, s) in &scheds {
+        s.sweep(now);
+    }
+    let policy = rt.memory;
+    let (Some(container), Some(rss)) = (
+        policy.limit_override.or_else(container_memory),
+        process_rss(),
+    ) else {
+        return 0;
+    };
+    let budget = policy.budget(container);
+    if rss <= budget {
+        return 0;
+    }
+    // Free the excess from the indexes, in proportion to their size.
+    let excess = rss - budget;
+    let total: u64 = scheds.iter().map(|(_, s)| s.index.approx_bytes()).sum();
+    if total == 0 {
+        return 0;
+    }
+    let mut freed = 0;
+    for (name, s) in &scheds {
+        let b = s.index.approx_bytes();
+        if b == 0 {
+            continue;
+        }
+        let share = ((excess as u128 * b as u128) / total as u128) as u64;
+        let f = s.index.evict_lru(share.clamp(1, b));
+        if f > 0 {
+            info!("prefix index {name}: evicted {f} bytes (process {rss} B > budget {budget} B)");
+        }
+        freed += f;
+    }
+    freed
+}
+
+/// Runs [`run_once`] every `interval` until `stop` fires.
+pub async fn run(
+    shared: Arc<Shared>,
+    interval: Duration,
+    mut stop: pingora::server::ShutdownWatch,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let s = shared.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || run_once(&s)).await {
+                    warn!("maintenance pass failed: {e}");
+                }
+            }
+            r = stop.changed() => {
+                if r.is_err() || *stop.borrow() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_is_the_smaller_of_ratio_and_reserve() {
+        let p = MemoryPolicy::new(0.0, 0.0, None);
+        // 8 GiB: 0.7 × 8 = 5.6 GiB, 8 − 1.5 = 6.5 GiB → 5.6 GiB.
+        assert_eq!(p.budget(8 * GIB as u64), (8.0 * GIB * 0.7) as u64);
+        // 2 GiB: 1.4 GiB vs 0.5 GiB → 0.5 GiB.
+        assert_eq!(p.budget(2 * GIB as u64), (0.5 * GIB) as u64);
+        let p = MemoryPolicy::new(0.5, 1.0, None);
+        assert_eq!(p.budget(4 * GIB as u64), 2 * GIB as u64);
+    }
+
+    #[test]
+    fn reads_this_machines_memory() {
+        assert!(container_memory().unwrap() > 0);
+        assert!(process_rss().unwrap() > 0);
+    }
+}

@@ -1,0 +1,280 @@
+//! Layered scheduling (session affinity → prefix cache → load balancing) through the real
+//! gateway binary in front of engine-sim fleets.
+
+mod common;
+
+use common::*;
+
+fn chat(system: &str, user: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
+    serde_json::json!({"model": "m", "max_tokens": max_tokens, "stream": stream,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+}
+
+async fn post(
+    c: &reqwest::Client,
+    gw: &GatewayProc,
+    body: &serde_json::Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut r = c.post(gw.url("/v1/chat/completions")).json(body);
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    let r = r.send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r
+}
+
+fn inst(r: &reqwest::Response) -> String {
+    r.headers()["x-tokengate-instance"]
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+fn reason(r: &reqwest::Response) -> String {
+    r.headers()["x-tokengate-reason"]
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_stick_and_claude_code_sessions_are_recognised() {
+    let fleet = sims(4, "m", "e", 200.0).await;
+    let yaml = format!(
+        "services:\n  - name: m\n    load_balancing: least-request\n    scheduler:\n      mode: layered\n      affinity: {{mode: soft}}\n{}",
+        sim_instances(&fleet)
+    );
+    let gw = GatewayProc::start(&yaml);
+    let c = reqwest::Client::new();
+    let mut bound = std::collections::HashMap::new();
+    for round in 0..4 {
+        for s in ["s1", "s2", "s3", "s4", "s5", "s6"] {
+            let header = if s == "s6" {
+                "x-claude-code-session-id"
+            } else {
+                "x-session-id"
+            };
+            let r = post(&c, &gw, &chat("sys", s, 2, false), &[(header, s)]).await;
+            let i = inst(&r);
+            let why = reason(&r);
+            r.bytes().await.unwrap();
+            if round == 0 {
+                assert_eq!(why, "least-request", "new session {s}");
+                bound.insert(s, i);
+            } else {
+                assert_eq!(why, "affinity", "{s} round {round}");
+                assert_eq!(bound[s], i, "{s} moved in round {round}");
+            }
+        }
+    }
+    // Sessions were spread by load when they bound: all four instances got some.
+    let used: std::collections::HashSet<_> = bound.values().collect();
+    assert_eq!(used.len(), 4, "{bound:?}");
+    // No session header: load balancing.
+    let r = post(&c, &gw, &chat("sys", "anon", 2, false), &[]).await;
+    assert_eq!(reason(&r), "least-request");
+    gw.wait_idle().await;
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tokengate_routing_decisions_total{reason=\"affinity\"}"),
+        Some(18.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "tokengate_sessions{scheduler=\"m\"}"),
+        Some(6.0),
+        "{m}"
+    );
+}
+
+/// Opens a stream that stays open (the engine generates far more than we read) and returns it
+/// once its headers arrived.
+async fn hold(
+    c: &reqwest::Client,
+    gw: &GatewayProc,
+    system: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut hs: Vec<(&str, &str)> = headers.to_vec();
+    hs.push(("x-sim-output-tokens", "100000"));
+    post(c, gw, &chat(system, "hold", 100_000, true), &hs).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_affinity_escapes_an_overloaded_instance_and_strict_stays() {
+    for mode in ["soft", "strict"] {
+        let fleet = sims(2, "m", "e", 1.0).await;
+        let yaml = format!(
+            "services:\n  - name: m\n    load_balancing: least-request\n    scheduler:\n      mode: layered\n      affinity: {{mode: {mode}, soft_max_load_ratio: 1.5}}\n{}",
+            sim_instances(&fleet)
+        );
+        let gw = GatewayProc::start(&yaml);
+        let c = reqwest::Client::new();
+        let s = [("x-session-id", "sess")];
+        let first = hold(&c, &gw, "sys", &s).await;
+        let home = inst(&first);
+        // The bound instance now carries 1 request, the other 0: 1 > avg 0.5 × 1.5.
+        let second = hold(&c, &gw, "sys", &s).await;
+        if mode == "soft" {
+            assert_eq!(reason(&second), "affinity-escape");
+            assert_ne!(
+                inst(&second),
+                home,
+                "soft mode must leave the overloaded instance"
+            );
+            // …and the session is now bound to the new instance.
+            let third = post(&c, &gw, &chat("sys", "x", 1, false), &s).await;
+            assert_eq!(inst(&third), inst(&second));
+        } else {
+            assert_eq!(reason(&second), "affinity");
+            assert_eq!(inst(&second), home, "strict mode stays");
+        }
+        drop((first, second));
+        gw.wait_idle().await;
+    }
+}
+
+fn family_prompt(f: usize) -> String {
+    // ~4 KB of text unique to the family.
+    (0..400).map(|i| format!("f{f}w{i} ")).collect()
+}
+
+/// Sends 6 requests for each of 7 prompt families (interleaved; 7 is coprime with the 4
+/// instances, so round-robin rotates each family over all of them) and returns the
+/// engine-reported cached tokens and the reasons seen.
+async fn run_families(gw: &GatewayProc) -> (f64, Vec<String>) {
+    let c = reqwest::Client::new();
+    let mut reasons = Vec::new();
+    for turn in 0..6 {
+        for f in 0..7 {
+            let r = post(
+                &c,
+                gw,
+                &chat(&family_prompt(f), &format!("question {turn}"), 2, false),
+                &[],
+            )
+            .await;
+            reasons.push(reason(&r));
+            r.bytes().await.unwrap();
+        }
+    }
+    gw.wait_idle().await;
+    let m = gw.metrics().await;
+    (
+        metric(&m, "tokengate_tokens_total{kind=\"cached\"}").unwrap(),
+        reasons,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_prefixes_go_where_they_are_cached_and_raise_engine_hits() {
+    let fleet_rr = sims(4, "m", "rr", 200.0).await;
+    let fleet_px = sims(4, "m", "px", 200.0).await;
+    let rr = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    load_balancing: round-robin\n{}",
+        sim_instances(&fleet_rr)
+    ));
+    let px = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    load_balancing: least-request\n    scheduler:\n      mode: layered\n      prefix: {{}}\n{}",
+        sim_instances(&fleet_px)
+    ));
+    let (cached_rr, _) = run_families(&rr).await;
+    let (cached_px, reasons) = run_families(&px).await;
+    // After its first request, every family is routed by the prefix layer.
+    let prefix_routed = reasons.iter().filter(|r| r.starts_with("prefix(")).count();
+    assert_eq!(prefix_routed, 35, "{reasons:?}");
+    // Round-robin spreads each family over all 4 caches (4 cold starts per family instead of 1).
+    assert!(
+        cached_px > cached_rr * 1.3,
+        "prefix-aware cached {cached_px} vs round-robin {cached_rr}"
+    );
+    let m = px.metrics().await;
+    let ceiling = metric(&m, "tokengate_prefix_hit_ratio{kind=\"ceiling\"}").unwrap();
+    let predicted = metric(&m, "tokengate_prefix_hit_ratio{kind=\"predicted\"}").unwrap();
+    let engine = metric(&m, "tokengate_prefix_hit_ratio{kind=\"engine\"}").unwrap();
+    // 35 of 42 requests can reuse ~all of their prompt.
+    assert!(ceiling > 0.7 && ceiling <= 1.0, "ceiling {ceiling}");
+    assert!(
+        (predicted - ceiling).abs() < 1e-9,
+        "predicted {predicted} vs ceiling {ceiling}"
+    );
+    assert!(
+        (engine - predicted).abs() < 0.1,
+        "engine {engine} vs predicted {predicted}"
+    );
+    assert!(metric(&m, "tokengate_prefix_index_nodes{scheduler=\"m\"}").unwrap() > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_prefix_holder_is_not_preferred() {
+    let fleet = sims(2, "m", "e", 1.0).await;
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    load_balancing: least-request\n    scheduler:\n      mode: layered\n      prefix: {{load_tolerance: 0.3}}\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    let sys = family_prompt(1);
+    let warm = post(&c, &gw, &chat(&sys, "warm", 1, false), &[]).await;
+    let holder = inst(&warm);
+    warm.bytes().await.unwrap();
+    // Eligible: both idle, so the prefix holder wins.
+    let a = hold(&c, &gw, &sys, &[]).await;
+    assert!(reason(&a).starts_with("prefix("), "{}", reason(&a));
+    assert_eq!(inst(&a), holder);
+    // Now the holder has 1 in flight > avg 0.5 × 1.3: the prefix layer passes.
+    let b = hold(&c, &gw, &sys, &[]).await;
+    assert_eq!(reason(&b), "least-request");
+    assert_ne!(inst(&b), holder);
+    drop((a, b));
+    gw.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_hit_ratio_is_a_miss() {
+    let fleet = sims(2, "m", "e", 200.0).await;
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    load_balancing: round-robin\n    scheduler:\n      mode: layered\n      prefix: {{min_hit_ratio: 0.9}}\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    let sys = family_prompt(2);
+    post(&c, &gw, &chat(&sys, "x", 1, false), &[])
+        .await
+        .bytes()
+        .await
+        .unwrap();
+    // Same system prompt but a user message as long again: ~50 % match < 0.9.
+    let long_user = family_prompt(3);
+    let r = post(&c, &gw, &chat(&sys, &long_user, 1, false), &[]).await;
+    assert_eq!(reason(&r), "round-robin");
+    // An exact repeat is a 100 % match.
+    let r = post(&c, &gw, &chat(&sys, "x", 1, false), &[]).await;
+    assert!(reason(&r).starts_with("prefix(1.00"), "{}", reason(&r));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_bound_evicts_the_index() {
+    let fleet = sims(2, "m", "e", 200.0).await;
+    // A 1 MB "container": the process is always over budget, so every maintenance pass
+    // empties the index.
+    let gw = GatewayProc::start(&format!(
+        "prefix_index: {{maintenance_interval: 50ms, memory_limit_bytes: 1000000}}\nservices:\n  - name: m\n    scheduler:\n      mode: layered\n      prefix: {{}}\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    for f in 0..5 {
+        post(&c, &gw, &chat(&family_prompt(f), "x", 1, false), &[])
+            .await
+            .bytes()
+            .await
+            .unwrap();
+    }
+    eventually("the index to be evicted", || async {
+        let m = gw.metrics().await;
+        metric(&m, "tokengate_prefix_index_evicted_bytes{scheduler=\"m\"}").unwrap_or(0.0) > 0.0
+            && metric(&m, "tokengate_prefix_index_nodes{scheduler=\"m\"}") == Some(0.0)
+    })
+    .await;
+    assert!(gw.log_text().contains("prefix index m: evicted"));
+}
