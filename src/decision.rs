@@ -318,13 +318,13 @@ pub fn system_prompt(spec: &DecisionSpec) -> String {
 
 /// Model size in billions of parameters, from a name part such as `32b`, `0.6B` or `135m`.
 pub fn size_from_name(name: &str) -> Option<f64> {
-    name.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.'))
-        .filter_map(|part| {
+    name.rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '.'))
+        .find_map(|part| {
             let lower = part.to_ascii_lowercase();
             let (num, per_billion) = if let Some(n) = lower.strip_suffix('b') {
-                (n.to_string(), 1.0)
+                (n, 1.0)
             } else if let Some(n) = lower.strip_suffix('m') {
-                (n.to_string(), 1000.0)
+                (n, 1000.0)
             } else {
                 return None;
             };
@@ -332,7 +332,6 @@ pub fn size_from_name(name: &str) -> Option<f64> {
             (x.is_finite() && x > 0.0 && num.as_bytes()[0].is_ascii_digit())
                 .then_some(x / per_billion)
         })
-        .last()
 }
 
 /// Criteria for every target as if none were configured (used for those without criteria):
