@@ -109,6 +109,18 @@ impl Ctx {
     }
 }
 
+/// A fresh request id: 32 hex digits, a random per-process prefix and a counter (unique,
+/// unguessable across restarts, and no system call per request).
+fn new_request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let p = *PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{p:016x}{n:016x}")
+}
+
 /// Constant-time comparison of a presented key with a configured one.
 fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -439,7 +451,7 @@ impl ProxyHttp for Gateway {
         }
         ctx.request_id = match header_str(session.req_header(), "x-request-id") {
             Some(id) if !id.is_empty() && id.len() <= 200 => id.to_string(),
-            _ => uuid::Uuid::new_v4().simple().to_string(),
+            _ => new_request_id(),
         };
         self.main_request(session, ctx).await
     }

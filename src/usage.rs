@@ -88,6 +88,20 @@ impl JsonCollector {
         if self.overflow || self.buf.is_empty() {
             return None;
         }
+        // Fast path: the engines put `usage` last; parse only that object.
+        if let Some(pos) = memmem::rfind(&self.buf, b"\"usage\"") {
+            let rest = &self.buf[pos + 7..];
+            let colon = rest.iter().position(|b| !b.is_ascii_whitespace());
+            if let Some(i) = colon.filter(|&i| rest[i] == b':') {
+                let mut it =
+                    serde_json::Deserializer::from_slice(&rest[i + 1..]).into_iter::<Value>();
+                if let Some(Ok(obj)) = it.next() {
+                    if obj.is_object() {
+                        return Some(usage_of(&obj));
+                    }
+                }
+            }
+        }
         let v: Value = serde_json::from_slice(&self.buf).ok()?;
         usage_in(&v)
     }
@@ -290,6 +304,16 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_toke
         s.feed(r.as_bytes());
         assert_eq!(s.usage.prompt, Some(5));
         assert_eq!(s.usage.cached, Some(0));
+    }
+
+    #[test]
+    fn json_usage_fast_path_and_fallback() {
+        let mut c = JsonCollector::default();
+        c.feed(br#"{"choices":[{"message":{"content":"the word \"usage\" here"}}],"usage" : {"prompt_tokens":9,"completion_tokens":2}}"#);
+        assert_eq!(c.finish().unwrap().prompt, Some(9));
+        let mut c = JsonCollector::default();
+        c.feed(br#"{"usage":{"input_tokens":3,"output_tokens":1},"content":[{"text":"usage"}]}"#);
+        assert_eq!(c.finish().unwrap().prompt, Some(3));
     }
 
     #[test]

@@ -63,12 +63,16 @@ async fn target_weights_are_shares_whatever_the_instance_count() {
     send_many(&gw, "skewed", n).await;
     let v2 = gw.wait_idle().await;
     let c1 = completed(&v2, "c1") / n as f64;
-    let b = (completed(&v2, "b1") + completed(&v2, "b2") - completed(&v, "b1") - completed(&v, "b2"))
-        / n as f64;
+    let b =
+        (completed(&v2, "b1") + completed(&v2, "b2") - completed(&v, "b1") - completed(&v, "b2"))
+            / n as f64;
     assert!((c1 - 0.25).abs() <= 0.03, "c {c1} {v2:#}");
     assert!((b - 0.75).abs() <= 0.03, "b {b} {v2:#}");
     let m = gw.metrics().await;
-    assert!(m.contains("tokengate_routing_decisions_total{reason=\"weight\"} 20000"), "{m}");
+    assert!(
+        m.contains("tokengate_routing_decisions_total{reason=\"weight\"} 20000"),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,9 +97,16 @@ async fn a_route_rewrites_the_model_to_the_chosen_service() {
             .unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-tokengate-reason"], "round-robin");
-        let inst = r.headers()["x-tokengate-instance"].to_str().unwrap().to_string();
+        let inst = r.headers()["x-tokengate-instance"]
+            .to_str()
+            .unwrap()
+            .to_string();
         let v: serde_json::Value = r.json().await.unwrap();
-        let want = if inst == "small1" { "qwen3-0.6b" } else { "qwen3-32b" };
+        let want = if inst == "small1" {
+            "qwen3-0.6b"
+        } else {
+            "qwen3-32b"
+        };
         assert_eq!(v["model"], want);
         seen.insert(inst);
     }
@@ -143,9 +154,17 @@ async fn policy_sessions_follow_the_key_chain_rules() {
                 }
                 let r = req.send().await.unwrap();
                 assert_eq!(r.status(), 200);
-                let reason = r.headers()["x-tokengate-reason"].to_str().unwrap().to_string();
+                let reason = r.headers()["x-tokengate-reason"]
+                    .to_str()
+                    .unwrap()
+                    .to_string();
                 assert!(reason.starts_with("policy(affinity="), "{reason}");
-                seen.insert(r.headers()["x-tokengate-instance"].to_str().unwrap().to_string());
+                seen.insert(
+                    r.headers()["x-tokengate-instance"]
+                        .to_str()
+                        .unwrap()
+                        .to_string(),
+                );
                 r.bytes().await.unwrap();
             }
             seen.len()
