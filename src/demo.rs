@@ -51,6 +51,35 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
             handles.push(h);
         }
     }
+    // Decision models on loopback (routes' decision services) are played by engine-sims in
+    // decision mode.
+    for p in &mut cfg.providers {
+        let Some(hostport) = p
+            .base_url
+            .strip_prefix("http://")
+            .and_then(|r| r.split('/').next())
+            .filter(|h| h.starts_with("127.0.0.1:") || h.starts_with("localhost:"))
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let sim = engine_sim::SimConfig {
+            id: p.name.clone(),
+            model: p.model.clone(),
+            time_scale: opts.time_scale,
+            decision_mode: true,
+            ..engine_sim::SimConfig::default()
+        };
+        let bind = hostport.replace("localhost:", "127.0.0.1:");
+        let h = rt
+            .block_on(async move {
+                let l = tokio::net::TcpListener::bind(&bind).await?;
+                engine_sim::start(sim, l).await
+            })
+            .with_context(|| format!("starting decision engine-sim {} on {hostport}", p.name))?;
+        p.base_url = format!("http://{}/v1", h.addr);
+        handles.push(h);
+    }
     let listeners = server::Listeners::bind(&cfg)?;
     let proxy = listeners
         .proxy_addrs()
@@ -75,6 +104,17 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
                 )?;
             }
         }
+        for p in &cfg.providers {
+            writeln!(
+                out,
+                "  decision model {} ({}) at {}",
+                p.name, p.model, p.base_url
+            )?;
+        }
+        for r in &cfg.routes {
+            let t: Vec<&str> = r.targets.iter().map(|t| t.service.as_str()).collect();
+            writeln!(out, "  route {} -> {}", r.name, t.join(", "))?;
+        }
         writeln!(out, "tokengate: proxy listening on http://{proxy}")?;
         writeln!(out, "tokengate: admin listening on http://{admin}")?;
         writeln!(out)?;
@@ -87,6 +127,13 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
             out,
             "  curl -sN http://{proxy}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
         )?;
+        if let Some(r) = cfg.routes.first() {
+            writeln!(
+                out,
+                "  curl -s http://{proxy}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Write a one-line greeting card.\"}}]}}'",
+                r.name
+            )?;
+        }
         writeln!(out, "  curl -s http://{proxy}/v1/models")?;
         writeln!(out, "  curl -s http://{admin}/admin/instances")?;
         writeln!(out, "  curl -s http://{admin}/metrics")?;

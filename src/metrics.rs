@@ -32,6 +32,8 @@ pub struct Metrics {
     pub index_bytes: IntGaugeVec,
     pub index_evicted_bytes: IntGaugeVec,
     pub sessions: IntGaugeVec,
+    pub decision_total: IntCounterVec,
+    pub decision_latency: HistogramVec,
 }
 
 impl Metrics {
@@ -156,6 +158,23 @@ impl Metrics {
             &["scheduler"],
         )
         .expect("metric");
+        let decision_total = IntCounterVec::new(
+            Opts::new(
+                "tokengate_decision_total",
+                "Decision-service calls by route and outcome: target, or an abstention (timeout, error, no_target)",
+            ),
+            &["route", "outcome"],
+        )
+        .expect("metric");
+        let decision_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "tokengate_decision_latency_seconds",
+                "Latency of decision-service calls (including timeouts)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route"],
+        )
+        .expect("metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -172,6 +191,8 @@ impl Metrics {
             Box::new(index_bytes.clone()),
             Box::new(index_evicted_bytes.clone()),
             Box::new(sessions.clone()),
+            Box::new(decision_total.clone()),
+            Box::new(decision_latency.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -195,6 +216,8 @@ impl Metrics {
             index_bytes,
             index_evicted_bytes,
             sessions,
+            decision_total,
+            decision_latency,
         }
     }
 

@@ -41,6 +41,8 @@ const MAX_ATTEMPTS: usize = 3;
 pub struct Shared {
     pub runtime: ArcSwap<Runtime>,
     pub metrics: Metrics,
+    /// Client of the routes' decision services (pooled).
+    pub decision: crate::decision::DecisionClient,
 }
 
 /// The proxy application.
@@ -373,8 +375,26 @@ impl Gateway {
     }
 
     /// Asks the route's decision service which target fits (routes with one configured).
-    async fn ask_decision_service(&self, _dest: &Dest, _info: &RequestInfo) -> Option<u32> {
-        None
+    /// Never fails the request: a timeout, an error or an answer naming no target abstains.
+    async fn ask_decision_service(&self, dest: &Dest, info: &RequestInfo) -> Option<u32> {
+        let Dest::Route(r) = dest else { return None };
+        let (provider, spec) = r.decision.as_ref()?;
+        let text = crate::decision::request_text(&info.prompt);
+        let (outcome, latency) = self.shared.decision.decide(provider, spec, text).await;
+        let m = &self.shared.metrics;
+        m.decision_total
+            .with_label_values(&[r.name.as_str(), outcome.label()])
+            .inc();
+        m.decision_latency
+            .with_label_values(&[r.name.as_str()])
+            .observe(latency.as_secs_f64());
+        debug!(
+            "decision service {} for route {}: {outcome} in {:.1} ms",
+            provider.name,
+            r.name,
+            latency.as_secs_f64() * 1e3
+        );
+        outcome.target().map(|t| t as u32)
     }
 }
 

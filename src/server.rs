@@ -150,6 +150,7 @@ pub fn shared_state(cfg: &Config) -> Arc<Shared> {
     Arc::new(Shared {
         runtime: ArcSwap::from_pointee(Runtime::from_config(cfg)),
         metrics: Metrics::new(),
+        decision: crate::decision::DecisionClient::new(),
     })
 }
 

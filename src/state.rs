@@ -3,9 +3,8 @@
 //! behind an `ArcSwap` so a config reload swaps it atomically.
 
 use crate::api::RequestInfo;
-use crate::config::{
-    Config, DecisionSettings, PolicySettings, ProviderConfig, SchedulerConfig, Timeouts,
-};
+use crate::config::{Config, PolicySettings, SchedulerConfig, Timeouts};
+use crate::decision::{DecisionSpec, Provider, TargetCriteria};
 use crate::load::{HasLoad, InstanceLoad, LoadSnapshot};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -294,7 +293,8 @@ pub struct Route {
     pub targets: Vec<Arc<Service>>,
     pub criteria: Vec<Option<String>>,
     pub mode: RouteMode,
-    pub decision: Option<(ProviderConfig, DecisionSettings)>,
+    /// The decision service: who to ask and what (targets in route order).
+    pub decision: Option<(Provider, DecisionSpec)>,
     turn: AtomicU64,
 }
 
@@ -441,10 +441,25 @@ impl Runtime {
                 _ => RouteMode::RoundRobin,
             };
             let decision = r.decision.as_ref().and_then(|d| {
-                cfg.providers
-                    .iter()
-                    .find(|p| p.name == d.provider)
-                    .map(|p| (p.clone(), d.clone()))
+                let p = cfg.providers.iter().find(|p| p.name == d.provider)?;
+                let provider = Provider {
+                    name: p.name.clone(),
+                    base_url: p.base_url.clone(),
+                    api_key: p.api_key.clone(),
+                    model: p.model.clone(),
+                };
+                let mut spec = DecisionSpec::new(
+                    d.instructions.clone(),
+                    r.targets
+                        .iter()
+                        .map(|t| TargetCriteria {
+                            name: t.service.clone(),
+                            criteria: t.criteria.clone(),
+                        })
+                        .collect(),
+                );
+                spec.timeout = d.timeout;
+                Some((provider, spec))
             });
             let route = Arc::new(Route {
                 name: r.name.clone(),
