@@ -33,6 +33,9 @@ pub struct Config {
     /// Largest request body accepted (bytes); larger requests get 413.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// On SIGTERM: stop accepting, then wait this long for in-flight requests.
+    #[serde(default = "d_grace", with = "humantime_serde")]
+    pub shutdown_grace: Duration,
     #[serde(default)]
     pub routing: Routing,
     #[serde(default)]
@@ -371,6 +374,9 @@ fn default_max_body() -> usize {
 }
 fn default_lb() -> String {
     "least-token".into()
+}
+fn d_grace() -> Duration {
+    Duration::from_secs(30)
 }
 fn d_connect() -> Duration {
     Duration::from_secs(3)

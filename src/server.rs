@@ -51,9 +51,59 @@ impl Listeners {
     }
 }
 
+/// Open client connections, so that shutdown can wait for them to finish.
+#[derive(Default)]
+struct Active {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+struct ActiveGuard(Arc<Active>);
+
+impl ActiveGuard {
+    fn new(a: &Arc<Active>) -> Self {
+        a.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        ActiveGuard(a.clone())
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        if self
+            .0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Active {
+    /// Waits until no connection is open, at most `limit`. Returns the number still open.
+    async fn drain(&self, limit: std::time::Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let idle = self.idle.notified();
+            let n = self.count.load(std::sync::atomic::Ordering::SeqCst);
+            if n == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                return self.count.load(std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+}
+
 /// Accepts connections and hands them to a Pingora app, until shutdown.
-async fn accept_loop<A>(listener: TcpListener, app: Arc<A>, mut shutdown: ShutdownWatch)
-where
+async fn accept_loop<A>(
+    listener: TcpListener,
+    app: Arc<A>,
+    mut shutdown: ShutdownWatch,
+    active: Arc<Active>,
+) where
     A: ServerApp + Send + Sync + 'static,
 {
     if let Err(e) = listener.set_nonblocking(true) {
@@ -74,7 +124,9 @@ where
                     let _ = sock.set_nodelay(true);
                     let app = app.clone();
                     let shutdown = shutdown.clone();
+                    let guard = ActiveGuard::new(&active);
                     tokio::spawn(async move {
+                        let _guard = guard;
                         let stream: pingora::protocols::Stream =
                             Box::new(pingora::protocols::l4::stream::Stream::from(sock));
                         let mut next = app.process_new(stream, &shutdown).await;
@@ -102,6 +154,8 @@ where
 
 struct Acceptor {
     listeners: Mutex<Option<Listeners>>,
+    /// Longest wait for in-flight requests at shutdown.
+    grace: std::time::Duration,
     shared: Arc<Shared>,
     proxy: Arc<pingora::proxy::HttpProxy<Gateway>>,
     admin: Arc<Admin>,
@@ -114,17 +168,20 @@ impl BackgroundService for Acceptor {
             return;
         };
         let mut tasks = Vec::new();
+        let active = Arc::new(Active::default());
         for pl in l.proxy {
             tasks.push(tokio::spawn(accept_loop(
                 pl,
                 self.proxy.clone(),
                 shutdown.clone(),
+                active.clone(),
             )));
         }
         tasks.push(tokio::spawn(accept_loop(
             l.admin,
             self.admin.clone(),
             shutdown.clone(),
+            Arc::new(Active::default()),
         )));
         let interval = self.shared.runtime.load().maintenance_interval;
         tasks.push(tokio::spawn(crate::maintenance::run(
@@ -137,10 +194,24 @@ impl BackgroundService for Acceptor {
                 break;
             }
         }
-        info!("shutting down: no longer accepting connections");
+        info!(
+            "shutting down: no longer accepting connections; waiting up to {:?} for {} open connections",
+            self.grace,
+            active.count.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        // No keep-alive from now on: connections close after their current request.
         self.proxy.cleanup().await;
+        let left = active.drain(self.grace).await;
         for t in tasks {
-            let _ = t.await;
+            t.abort();
+        }
+        if left > 0 {
+            log::warn!("shutdown grace period over: closing {left} connections");
+        } else {
+            // Pingora would sit out the rest of its grace period; there is nothing left to
+            // wait for.
+            info!("all connections finished; exiting");
+            std::process::exit(0);
         }
     }
 }
@@ -162,8 +233,10 @@ pub fn run(cfg: Config, listeners: Listeners) -> anyhow::Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let conf = ServerConf {
         threads,
-        grace_period_seconds: Some(0),
-        graceful_shutdown_timeout_seconds: Some(30),
+        // Pingora keeps the runtimes alive for this long after SIGTERM; the acceptor drains
+        // in-flight requests meanwhile and exits as soon as they are done.
+        grace_period_seconds: Some(cfg.shutdown_grace.as_secs().max(1)),
+        graceful_shutdown_timeout_seconds: Some(5),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
@@ -177,6 +250,7 @@ pub fn run(cfg: Config, listeners: Listeners) -> anyhow::Result<()> {
     );
     let acceptor = Acceptor {
         listeners: Mutex::new(Some(listeners)),
+        grace: cfg.shutdown_grace,
         shared: shared.clone(),
         proxy: Arc::new(proxy),
         admin: Arc::new(Admin { shared }),
