@@ -142,5 +142,5 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
     }
     // Keep the engines' runtime alive for the life of the process.
     let _keep = (rt, handles);
-    server::run(cfg, listeners)
+    server::run(cfg, listeners, None)
 }

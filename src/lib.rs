@@ -15,6 +15,7 @@ pub mod load;
 pub mod maintenance;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod schedule;
 pub mod server;
 pub mod state;

@@ -26,7 +26,8 @@ enum Cmd {
     ///
     /// Prints one line per listener once bound ("tokengate: proxy listening on http://ADDR",
     /// "tokengate: admin listening on http://ADDR"); a port of 0 in the config picks a free one.
-    /// SIGTERM shuts down gracefully (in-flight requests finish), SIGINT at once.
+    /// SIGTERM shuts down gracefully (in-flight requests finish), SIGINT at once. SIGHUP, or
+    /// saving the file, reloads the config (a bad file is rejected and the old one kept).
     Serve {
         /// The config file (see conf/ for commented examples).
         #[arg(short, long, value_name = "FILE")]
@@ -178,7 +179,7 @@ fn main() -> ExitCode {
                 }
                 let _ = out.flush();
             }
-            if let Err(e) = server::run(cfg, listeners) {
+            if let Err(e) = server::run(cfg, listeners, Some(config)) {
                 eprintln!("tokengate: {e:#}");
                 return ExitCode::from(1);
             }

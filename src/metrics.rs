@@ -34,6 +34,8 @@ pub struct Metrics {
     pub sessions: IntGaugeVec,
     pub decision_total: IntCounterVec,
     pub decision_latency: HistogramVec,
+    pub reloads: IntCounterVec,
+    pub reload_ok: prometheus::IntGauge,
 }
 
 impl Metrics {
@@ -175,6 +177,20 @@ impl Metrics {
             &["route"],
         )
         .expect("metric");
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "tokengate_config_reloads_total",
+                "Config reloads (SIGHUP or file change) by result: ok, or error (the running config was kept)",
+            ),
+            &["result"],
+        )
+        .expect("metric");
+        let reload_ok = prometheus::IntGauge::new(
+            "tokengate_config_last_reload_success",
+            "1 when the last config reload was applied (or none happened), 0 when it was rejected",
+        )
+        .expect("metric");
+        reload_ok.set(1);
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -193,6 +209,8 @@ impl Metrics {
             Box::new(sessions.clone()),
             Box::new(decision_total.clone()),
             Box::new(decision_latency.clone()),
+            Box::new(reloads.clone()),
+            Box::new(reload_ok.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -218,6 +236,8 @@ impl Metrics {
             sessions,
             decision_total,
             decision_latency,
+            reloads,
+            reload_ok,
         }
     }
 

@@ -154,6 +154,7 @@ async fn accept_loop<A>(
 
 struct Acceptor {
     listeners: Mutex<Option<Listeners>>,
+    reloader: Mutex<Option<crate::reload::Reloader>>,
     /// Longest wait for in-flight requests at shutdown.
     grace: std::time::Duration,
     shared: Arc<Shared>,
@@ -183,6 +184,9 @@ impl BackgroundService for Acceptor {
             shutdown.clone(),
             Arc::new(Active::default()),
         )));
+        if let Some(r) = self.reloader.lock().take() {
+            tasks.push(tokio::spawn(r.run(shutdown.clone())));
+        }
         let interval = self.shared.runtime.load().maintenance_interval;
         tasks.push(tokio::spawn(crate::maintenance::run(
             self.shared.clone(),
@@ -226,8 +230,13 @@ pub fn shared_state(cfg: &Config) -> Arc<Shared> {
 }
 
 /// Runs the gateway on bound listeners; returns only on a startup error (the Pingora server
-/// exits the process when it shuts down).
-pub fn run(cfg: Config, listeners: Listeners) -> anyhow::Result<()> {
+/// exits the process when it shuts down). With `config_path`, the file is reloaded on SIGHUP
+/// and when it changes.
+pub fn run(
+    cfg: Config,
+    listeners: Listeners,
+    config_path: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
     let threads = cfg
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
@@ -248,8 +257,15 @@ pub fn run(cfg: Config, listeners: Listeners) -> anyhow::Result<()> {
             shared: shared.clone(),
         },
     );
+    let reloader = config_path.map(|path| crate::reload::Reloader {
+        path,
+        shared: shared.clone(),
+        listen: cfg.listen.clone(),
+        admin_listen: cfg.admin_listen.clone(),
+    });
     let acceptor = Acceptor {
         listeners: Mutex::new(Some(listeners)),
+        reloader: Mutex::new(reloader),
         grace: cfg.shutdown_grace,
         shared: shared.clone(),
         proxy: Arc::new(proxy),

@@ -34,7 +34,8 @@ pub struct Instance {
     pub idx: usize,
     /// Stable key of the id for the routing plugins (session table, prefix index).
     pub key: InstanceKey,
-    pub load: InstanceLoad,
+    /// Shared with the same instance in the next config after a reload.
+    pub load: Arc<InstanceLoad>,
 }
 
 impl HasLoad for Instance {
@@ -145,12 +146,20 @@ fn plugin_kind(name: &str) -> PluginKind {
     }
 }
 
-fn policy_scheduler(ps: &PolicySettings, index_cfg: PrefixIndexConfig) -> Scheduler {
-    let sessions = Arc::new(SessionTable::new(SessionConfig {
-        ttl_ms: ps.session_ttl.as_millis() as u64,
-        ..SessionConfig::default()
-    }));
-    let index = Arc::new(PrefixIndex::new(index_cfg));
+/// Routing state carried over a config reload: the session table and prefix index of the
+/// scheduler of the same name and mode.
+type Tables = Option<(Arc<SessionTable>, Arc<PrefixIndex>)>;
+
+fn policy_scheduler(ps: &PolicySettings, index_cfg: PrefixIndexConfig, prev: Tables) -> Scheduler {
+    let (sessions, index) = prev.unwrap_or_else(|| {
+        (
+            Arc::new(SessionTable::new(SessionConfig {
+                ttl_ms: ps.session_ttl.as_millis() as u64,
+                ..SessionConfig::default()
+            })),
+            Arc::new(PrefixIndex::new(index_cfg)),
+        )
+    });
     let cfg = PolicyConfig {
         plugins: ps
             .plugins
@@ -181,7 +190,12 @@ fn policy_scheduler(ps: &PolicySettings, index_cfg: PrefixIndexConfig) -> Schedu
 }
 
 impl Scheduler {
-    fn build(sc: Option<&SchedulerConfig>, policy: LbPolicy, index_cfg: PrefixIndexConfig) -> Self {
+    fn build(
+        sc: Option<&SchedulerConfig>,
+        policy: LbPolicy,
+        index_cfg: PrefixIndexConfig,
+        prev: Tables,
+    ) -> Self {
         match sc {
             None => Scheduler {
                 picker: Picker::Balance,
@@ -206,10 +220,14 @@ impl Scheduler {
                         ttl_ms: index_cfg.ttl_ms,
                     }),
                 };
-                let sessions = Arc::new(SessionTable::new(
-                    lc.affinity.clone().unwrap_or_default().table_config(),
-                ));
-                let index = Arc::new(PrefixIndex::new(index_cfg));
+                let (sessions, index) = prev.unwrap_or_else(|| {
+                    (
+                        Arc::new(SessionTable::new(
+                            lc.affinity.clone().unwrap_or_default().table_config(),
+                        )),
+                        Arc::new(PrefixIndex::new(index_cfg)),
+                    )
+                });
                 let session_sources = affinity
                     .as_ref()
                     .map(|a| {
@@ -232,7 +250,7 @@ impl Scheduler {
                     index,
                 }
             }
-            Some(SchedulerConfig::Policy(ps)) => policy_scheduler(ps, index_cfg),
+            Some(SchedulerConfig::Policy(ps)) => policy_scheduler(ps, index_cfg, prev),
         }
     }
 
@@ -385,6 +403,30 @@ pub struct Runtime {
 impl Runtime {
     /// Builds the runtime state of a validated config.
     pub fn from_config(cfg: &Config) -> Runtime {
+        Runtime::reloaded(cfg, None)
+    }
+
+    /// Builds the runtime state of a validated config, carrying over from `prev` the load
+    /// counters of instances that still exist (same id and address) and the session tables
+    /// and prefix indexes of schedulers that still exist (same name and mode).
+    pub fn reloaded(cfg: &Config, prev: Option<&Runtime>) -> Runtime {
+        let prev_sched = |name: &str, mode: &str| -> Tables {
+            let p = prev?;
+            let s = p
+                .schedulers()
+                .into_iter()
+                .find(|(n, s)| n == name && s.mode() == mode)?
+                .1;
+            Some((s.sessions.clone(), s.index.clone()))
+        };
+        let prev_load = |id: &str, addr: &str| -> Option<Arc<InstanceLoad>> {
+            let p = prev?;
+            p.ordered
+                .iter()
+                .flat_map(|s| s.instances.iter())
+                .find(|i| i.id == id && i.addr.to_string() == addr)
+                .map(|i| i.load.clone())
+        };
         let index_cfg = PrefixIndexConfig {
             ttl_ms: cfg.prefix_index.ttl.as_millis() as u64,
             ..PrefixIndexConfig::default()
@@ -404,7 +446,7 @@ impl Runtime {
                         labels: i.labels.clone(),
                         idx,
                         key: InstanceKey::of(&i.id),
-                        load: InstanceLoad::default(),
+                        load: prev_load(&i.id, &i.addr).unwrap_or_default(),
                     })
                 })
                 .collect();
@@ -413,7 +455,19 @@ impl Runtime {
                 name: s.name.clone(),
                 policy,
                 instances,
-                sched: Scheduler::build(s.scheduler.as_ref(), policy, index_cfg.clone()),
+                sched: Scheduler::build(
+                    s.scheduler.as_ref(),
+                    policy,
+                    index_cfg.clone(),
+                    prev_sched(
+                        &s.name,
+                        match &s.scheduler {
+                            None => "balance",
+                            Some(SchedulerConfig::Layered { .. }) => "layered",
+                            Some(SchedulerConfig::Policy(_)) => "policy",
+                        },
+                    ),
+                ),
                 turn: AtomicU64::new(0),
             });
             services.insert(s.name.clone(), svc.clone());
@@ -437,6 +491,7 @@ impl Runtime {
                 Some("policy") => RouteMode::Policy(policy_scheduler(
                     r.policy.as_ref().expect("validated"),
                     index_cfg.clone(),
+                    prev_sched(&r.name, "policy"),
                 )),
                 _ => RouteMode::RoundRobin,
             };

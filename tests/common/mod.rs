@@ -86,6 +86,11 @@ impl GatewayProc {
         }
     }
 
+    /// The config file the gateway was started with (tests rewrite it to test reloads).
+    pub fn config_path(&self) -> PathBuf {
+        self._dir.path().join("tokengate.yaml")
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.proxy, path)
     }

@@ -1,0 +1,102 @@
+//! Hot reload: on SIGHUP, or when the config file changes (checked every second), the file is
+//! read and validated; a bad file keeps the running config (the error, with its YAML path, is
+//! logged and counted); a good one is swapped in atomically. Requests in flight keep the
+//! state they started with; instances that still exist (same id and address) keep their load
+//! counters, and schedulers that still exist (same name and mode) keep their session
+//! bindings and prefix index. Listen addresses, threads and `shutdown_grace` change only on
+//! restart.
+
+use crate::config::Config;
+use crate::proxy::Shared;
+use crate::state::Runtime;
+use log::{error, info, warn};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+pub struct Reloader {
+    pub path: PathBuf,
+    pub shared: Arc<Shared>,
+    /// The settings that need a restart, as started.
+    pub listen: Vec<String>,
+    pub admin_listen: String,
+}
+
+fn stamp(p: &std::path::Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+impl Reloader {
+    /// Reads, validates and swaps in the config file. Returns whether it was applied.
+    pub fn reload(&self) -> bool {
+        let m = &self.shared.metrics;
+        match Config::load(&self.path) {
+            Ok(cfg) => {
+                if cfg.listen != self.listen || cfg.admin_listen != self.admin_listen {
+                    warn!(
+                        "config reload: listen / admin_listen changes take effect only after a restart"
+                    );
+                }
+                let old = self.shared.runtime.load_full();
+                let rt = Runtime::reloaded(&cfg, Some(&old));
+                self.shared.runtime.store(Arc::new(rt));
+                m.reloads.with_label_values(&["ok"]).inc();
+                m.reload_ok.set(1);
+                info!(
+                    "config reloaded from {}: {} services, {} routes",
+                    self.path.display(),
+                    cfg.services.len(),
+                    cfg.routes.len()
+                );
+                true
+            }
+            Err(e) => {
+                m.reloads.with_label_values(&["error"]).inc();
+                m.reload_ok.set(0);
+                error!(
+                    "config reload from {} rejected, keeping the running config:\n  {}",
+                    self.path.display(),
+                    e.0.join("\n  ")
+                );
+                false
+            }
+        }
+    }
+
+    /// Reloads on SIGHUP and on file changes until `stop` fires.
+    pub async fn run(self, mut stop: pingora::server::ShutdownWatch) {
+        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!("cannot listen for SIGHUP ({e}); reloading on file changes only");
+                None
+            }
+        };
+        let mut last = stamp(&self.path);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
+                    info!("SIGHUP: reloading {}", self.path.display());
+                    last = stamp(&self.path);
+                    self.reload();
+                }
+                _ = tick.tick() => {
+                    let now = stamp(&self.path);
+                    if now.is_some() && now != last {
+                        last = now;
+                        info!("{} changed: reloading", self.path.display());
+                        self.reload();
+                    }
+                }
+                r = stop.changed() => {
+                    if r.is_err() || *stop.borrow() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
