@@ -36,6 +36,11 @@ impl Admin {
                     .with_label_values(&id)
                     .set(l.inflight_tokens as i64);
                 m.waiting.with_label_values(&id).set(l.waiting as i64);
+                let h = i.health.view(crate::state::now_ms());
+                m.available
+                    .with_label_values(&id)
+                    .set(i64::from(h.healthy && !h.ejected));
+                m.ejections.with_label_values(&id).set(h.ejections as i64);
             }
         }
         for (name, s) in rt.schedulers() {

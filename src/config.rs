@@ -33,6 +33,12 @@ pub struct Config {
     /// Largest request body accepted (bytes); larger requests get 413.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// Active health checks of every instance.
+    #[serde(default)]
+    pub health_check: HealthCheckSettings,
+    /// Passive ejection of instances whose requests fail.
+    #[serde(default)]
+    pub passive_health: PassiveHealthSettings,
     /// On SIGTERM: stop accepting, then wait this long for in-flight requests.
     #[serde(default = "d_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -284,6 +290,81 @@ pub const PLUGIN_KINDS: &[&str] = &[
     "decision-service",
 ];
 
+/// Active health checks: `GET path` on every instance every `interval`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckSettings {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "d_health_path")]
+    pub path: String,
+    #[serde(default = "d_health_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(default = "d_health_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Consecutive successes that make an unhealthy instance healthy.
+    #[serde(default = "d_rise")]
+    pub rise: u32,
+    /// Consecutive failures that make a healthy instance unhealthy.
+    #[serde(default = "d_fall")]
+    pub fall: u32,
+}
+
+impl Default for HealthCheckSettings {
+    fn default() -> Self {
+        HealthCheckSettings {
+            enabled: true,
+            path: d_health_path(),
+            interval: d_health_interval(),
+            timeout: d_health_timeout(),
+            rise: d_rise(),
+            fall: d_fall(),
+        }
+    }
+}
+
+/// Passive ejection: `max_failures` consecutive failed requests eject an instance for
+/// `eject_for` (0 disables).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PassiveHealthSettings {
+    #[serde(default = "d_max_failures")]
+    pub max_failures: u32,
+    #[serde(default = "d_eject_for", with = "humantime_serde")]
+    pub eject_for: Duration,
+}
+
+impl Default for PassiveHealthSettings {
+    fn default() -> Self {
+        PassiveHealthSettings {
+            max_failures: d_max_failures(),
+            eject_for: d_eject_for(),
+        }
+    }
+}
+
+fn d_health_path() -> String {
+    "/health".into()
+}
+fn d_health_interval() -> Duration {
+    Duration::from_secs(5)
+}
+fn d_health_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+fn d_rise() -> u32 {
+    2
+}
+fn d_fall() -> u32 {
+    3
+}
+fn d_max_failures() -> u32 {
+    3
+}
+fn d_eject_for() -> Duration {
+    Duration::from_secs(10)
+}
+
 /// How a request's `model` is matched to a service.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -521,6 +602,19 @@ impl Config {
             if let Some(sc) = &s.scheduler {
                 validate_scheduler(sc, &format!("services[{si}].scheduler"), &mut errs);
             }
+        }
+        let hc = &self.health_check;
+        if !hc.path.starts_with('/') {
+            errs.push(format!(
+                "health_check.path: {:?} must start with /",
+                hc.path
+            ));
+        }
+        if hc.interval.is_zero() || hc.timeout.is_zero() {
+            errs.push("health_check.interval / timeout: must be greater than 0".into());
+        }
+        if hc.rise == 0 || hc.fall == 0 {
+            errs.push("health_check.rise / fall: must be at least 1".into());
         }
         let pi = &self.prefix_index;
         if pi.block_size == 0 {

@@ -11,6 +11,7 @@ pub mod config;
 pub mod decision;
 pub mod demo;
 pub mod error;
+pub mod health;
 pub mod load;
 pub mod maintenance;
 pub mod metrics;

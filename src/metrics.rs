@@ -35,6 +35,8 @@ pub struct Metrics {
     pub decision_total: IntCounterVec,
     pub decision_latency: HistogramVec,
     pub reloads: IntCounterVec,
+    pub available: IntGaugeVec,
+    pub ejections: IntGaugeVec,
     pub reload_ok: prometheus::IntGauge,
 }
 
@@ -177,6 +179,22 @@ impl Metrics {
             &["route"],
         )
         .expect("metric");
+        let available = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_instance_available",
+                "1 when the instance receives requests (healthy and not ejected), else 0",
+            ),
+            &["instance"],
+        )
+        .expect("metric");
+        let ejections = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_instance_ejections",
+                "Passive ejections of the instance since start",
+            ),
+            &["instance"],
+        )
+        .expect("metric");
         let reloads = IntCounterVec::new(
             Opts::new(
                 "tokengate_config_reloads_total",
@@ -210,6 +228,8 @@ impl Metrics {
             Box::new(decision_total.clone()),
             Box::new(decision_latency.clone()),
             Box::new(reloads.clone()),
+            Box::new(available.clone()),
+            Box::new(ejections.clone()),
             Box::new(reload_ok.clone()),
         ] {
             registry.register(c).expect("unique metric names");
@@ -238,6 +258,8 @@ impl Metrics {
             decision_latency,
             reloads,
             reload_ok,
+            available,
+            ejections,
         }
     }
 

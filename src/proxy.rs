@@ -398,6 +398,21 @@ impl Gateway {
     }
 }
 
+/// Feeds a request's outcome to the instance's passive health.
+fn passive_failure(inst: &Arc<Instance>, failed: bool, rt: &Runtime) {
+    let p = &rt.passive;
+    let eject_ms = p.eject_for.as_millis() as u64;
+    if inst
+        .health
+        .on_request(failed, p.max_failures, eject_ms, crate::state::now_ms())
+    {
+        warn!(
+            "instance {} ejected for {:?} after {} consecutive failed requests",
+            inst.id, p.eject_for, p.max_failures
+        );
+    }
+}
+
 /// Whether the instance is to blame: an upstream-side error, or a 5xx it answered.
 fn upstream_failed(e: Option<&Error>, upstream_status: Option<u16>) -> bool {
     e.is_some_and(|e| e.esource() == &pingora::ErrorSource::Upstream)
@@ -482,6 +497,7 @@ impl ProxyHttp for Gateway {
         };
         // A retry: the previous attempt failed to connect.
         if let Some(g) = ctx.guard.take() {
+            passive_failure(g.instance(), true, &plan.runtime);
             g.finish(Outcome::Failed);
         }
         if ctx.tried.len() >= MAX_ATTEMPTS {
@@ -767,6 +783,13 @@ impl ProxyHttp for Gateway {
             Outcome::Completed
         };
         if let Some(g) = ctx.guard.take() {
+            if let Some(plan) = ctx.plan.as_ref() {
+                match outcome {
+                    Outcome::Failed => passive_failure(g.instance(), true, &plan.runtime),
+                    Outcome::Completed => passive_failure(g.instance(), false, &plan.runtime),
+                    Outcome::Cancelled => {}
+                }
+            }
             g.finish(outcome);
         }
         let m = &self.shared.metrics;

@@ -184,6 +184,10 @@ impl BackgroundService for Acceptor {
             shutdown.clone(),
             Arc::new(Active::default()),
         )));
+        tasks.push(tokio::spawn(crate::health::run_checks(
+            self.shared.clone(),
+            shutdown.clone(),
+        )));
         if let Some(r) = self.reloader.lock().take() {
             tasks.push(tokio::spawn(r.run(shutdown.clone())));
         }

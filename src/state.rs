@@ -36,6 +36,7 @@ pub struct Instance {
     pub key: InstanceKey,
     /// Shared with the same instance in the next config after a reload.
     pub load: Arc<InstanceLoad>,
+    pub health: Arc<crate::health::Health>,
 }
 
 impl HasLoad for Instance {
@@ -284,17 +285,21 @@ impl Service {
         self.turn.fetch_add(1, Relaxed)
     }
 
-    /// Load snapshots of the instances not in `exclude`.
+    /// Load snapshots of the available (healthy, not ejected) instances not in `exclude`.
     pub fn candidates(&self, exclude: &[InstanceKey]) -> Vec<Candidate> {
+        let now = now_ms();
         self.instances
             .iter()
-            .filter(|i| !exclude.contains(&i.key))
+            .filter(|i| !exclude.contains(&i.key) && i.health.available(now))
             .map(|i| i.candidate(i.idx, 0))
             .collect()
     }
 
     pub fn has_untried(&self, exclude: &[InstanceKey]) -> bool {
-        self.instances.iter().any(|i| !exclude.contains(&i.key))
+        let now = now_ms();
+        self.instances
+            .iter()
+            .any(|i| !exclude.contains(&i.key) && i.health.available(now))
     }
 }
 
@@ -332,9 +337,10 @@ impl Route {
     pub fn candidates(&self, exclude: &[InstanceKey]) -> Vec<Candidate> {
         let mut out = Vec::new();
         let mut flat = 0;
+        let now = now_ms();
         for (t, s) in self.targets.iter().enumerate() {
             for i in &s.instances {
-                if !exclude.contains(&i.key) {
+                if !exclude.contains(&i.key) && i.health.available(now) {
                     out.push(i.candidate(flat, t as u32));
                 }
                 flat += 1;
@@ -397,6 +403,8 @@ pub struct Runtime {
     /// Tokens per prefix block.
     pub block_tokens: usize,
     pub memory: crate::maintenance::MemoryPolicy,
+    pub health_check: crate::config::HealthCheckSettings,
+    pub passive: crate::config::PassiveHealthSettings,
     pub maintenance_interval: std::time::Duration,
 }
 
@@ -419,13 +427,13 @@ impl Runtime {
                 .1;
             Some((s.sessions.clone(), s.index.clone()))
         };
-        let prev_load = |id: &str, addr: &str| -> Option<Arc<InstanceLoad>> {
+        let prev_inst = |id: &str, addr: &str| -> Option<Arc<Instance>> {
             let p = prev?;
             p.ordered
                 .iter()
                 .flat_map(|s| s.instances.iter())
                 .find(|i| i.id == id && i.addr.to_string() == addr)
-                .map(|i| i.load.clone())
+                .cloned()
         };
         let index_cfg = PrefixIndexConfig {
             ttl_ms: cfg.prefix_index.ttl.as_millis() as u64,
@@ -446,7 +454,12 @@ impl Runtime {
                         labels: i.labels.clone(),
                         idx,
                         key: InstanceKey::of(&i.id),
-                        load: prev_load(&i.id, &i.addr).unwrap_or_default(),
+                        load: prev_inst(&i.id, &i.addr)
+                            .map(|p| p.load.clone())
+                            .unwrap_or_default(),
+                        health: prev_inst(&i.id, &i.addr)
+                            .map(|p| p.health.clone())
+                            .unwrap_or_default(),
                     })
                 })
                 .collect();
@@ -546,6 +559,8 @@ impl Runtime {
                 cfg.prefix_index.memory_limit_bytes,
             ),
             maintenance_interval: cfg.prefix_index.maintenance_interval,
+            health_check: cfg.health_check.clone(),
+            passive: cfg.passive_health.clone(),
         }
     }
 
@@ -599,6 +614,7 @@ impl Runtime {
                     "completed": l.completed,
                     "errors": l.errors,
                     "cancelled": l.cancelled,
+                    "health": i.health.view(now_ms()),
                 })
             })
             .collect();

@@ -292,10 +292,23 @@ async fn connect_failures_retry_on_another_instance() {
         assert_eq!(v["hash"], xxhash_rust::xxh3::xxh3_64(&body));
     }
     let v = gw.wait_idle().await;
-    // Round-robin put every request on dead-1 first: four failed connects, four retries.
+    // Round-robin put the first three requests on dead-1 first: three failed connects and
+    // retries; the third consecutive failure ejected dead-1 (passive health), so the fourth
+    // request went straight to up-1.
     assert_eq!(v["instances"][0]["id"], "dead-1");
-    assert_eq!(v["instances"][0]["errors"], 4, "{v:#}");
+    assert_eq!(v["instances"][0]["errors"], 3, "{v:#}");
+    assert_eq!(v["instances"][0]["health"]["ejected"], true, "{v:#}");
+    assert_eq!(v["instances"][0]["health"]["ejections"], 1, "{v:#}");
     assert_eq!(v["instances"][1]["completed"], 4, "{v:#}");
+    let m = gw.metrics().await;
+    assert!(
+        m.contains("tokengate_instance_available{instance=\"dead-1\"} 0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tokengate_instance_available{instance=\"up-1\"} 1"),
+        "{m}"
+    );
 }
 
 async fn error_of(r: reqwest::Response, status: u16) -> serde_json::Value {

@@ -161,7 +161,8 @@ pub async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Output = boo
     }
 }
 
-/// A scriptable upstream. The behaviour of each request is chosen by its `x-mock` header:
+/// A scriptable upstream. `GET /health` answers 200 (not counted in `requests`). The
+/// behaviour of every other request is chosen by its `x-mock` header:
 /// - absent or `echo`: 200 JSON `{len, hash, content_length, transfer_encoding, request_id,
 ///   auth, usage}` describing the request as received;
 /// - `sse`: an SSE stream of `x-mock-chunks` (default 5) chat chunks; after the first it waits
@@ -230,6 +231,7 @@ impl Mock {
                     .find(|x| x.name.eq_ignore_ascii_case(name))
                     .map(|x| String::from_utf8_lossy(x.value).to_string())
             };
+            let is_health = req.path == Some("/health");
             let cl = h("content-length");
             let te = h("transfer-encoding");
             let mode = h("x-mock").unwrap_or_else(|| "echo".into());
@@ -257,6 +259,12 @@ impl Mock {
                 buf = rest.split_off(n);
                 b
             };
+            if is_health {
+                // The gateway's active health checks: not counted as requests.
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
+                    .await?;
+                continue;
+            }
             self.requests.fetch_add(1, Ordering::SeqCst);
             let wants_usage = find(&body, b"\"include_usage\":true").is_some();
             match mode.as_str() {

@@ -1,0 +1,185 @@
+//! Instance health: active HTTP checks and passive ejection.
+//!
+//! * **Active**: every `health_check.interval` each instance gets `GET path`; `fall`
+//!   consecutive failures (error, timeout or non-2xx) mark it unhealthy, `rise` consecutive
+//!   successes healthy again.
+//! * **Passive**: `passive.max_failures` consecutive failed requests (connect error, timeout,
+//!   5xx, dying mid-response) eject the instance for `passive.eject_for`; it is re-admitted
+//!   when that backoff ends (the next failure ejects it again).
+//!
+//! An instance that is unhealthy or ejected leaves the candidate set at once; when no
+//! instance of a destination is available the request gets a 503.
+
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+
+/// Health state of one instance (shared across config reloads like its load).
+#[derive(Debug)]
+pub struct Health {
+    /// Result of the active checks (true until they say otherwise).
+    healthy: AtomicBool,
+    check_failures: AtomicU32,
+    check_successes: AtomicU32,
+    /// Consecutive failed requests (passive).
+    request_failures: AtomicU32,
+    /// Ejected until this `now_ms`.
+    ejected_until: AtomicU64,
+    ejections: AtomicU64,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            healthy: AtomicBool::new(true),
+            check_failures: AtomicU32::new(0),
+            check_successes: AtomicU32::new(0),
+            request_failures: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
+            ejections: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What `/admin/instances` shows.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct HealthView {
+    pub healthy: bool,
+    pub ejected: bool,
+    pub ejected_for_ms: u64,
+    pub ejections: u64,
+    pub consecutive_failures: u32,
+}
+
+impl Health {
+    /// Whether the instance may receive requests at `now_ms`.
+    pub fn available(&self, now_ms: u64) -> bool {
+        self.healthy.load(Relaxed) && now_ms >= self.ejected_until.load(Relaxed)
+    }
+
+    pub fn view(&self, now_ms: u64) -> HealthView {
+        let until = self.ejected_until.load(Relaxed);
+        HealthView {
+            healthy: self.healthy.load(Relaxed),
+            ejected: now_ms < until,
+            ejected_for_ms: until.saturating_sub(now_ms),
+            ejections: self.ejections.load(Relaxed),
+            consecutive_failures: self.request_failures.load(Relaxed),
+        }
+    }
+
+    /// An active check's result. Returns the new state when it changed.
+    pub fn on_check(&self, ok: bool, rise: u32, fall: u32) -> Option<bool> {
+        if ok {
+            self.check_failures.store(0, Relaxed);
+            let n = self.check_successes.fetch_add(1, Relaxed) + 1;
+            if n >= rise && !self.healthy.swap(true, Relaxed) {
+                return Some(true);
+            }
+        } else {
+            self.check_successes.store(0, Relaxed);
+            let n = self.check_failures.fetch_add(1, Relaxed) + 1;
+            if n >= fall && self.healthy.swap(false, Relaxed) {
+                return Some(false);
+            }
+        }
+        None
+    }
+
+    /// A request's outcome (passive). Returns true when this failure ejected the instance.
+    pub fn on_request(&self, failed: bool, max_failures: u32, eject_ms: u64, now_ms: u64) -> bool {
+        if !failed {
+            self.request_failures.store(0, Relaxed);
+            return false;
+        }
+        let n = self.request_failures.fetch_add(1, Relaxed) + 1;
+        if max_failures > 0 && n >= max_failures {
+            self.request_failures.store(0, Relaxed);
+            self.ejected_until.store(now_ms + eject_ms, Relaxed);
+            self.ejections.fetch_add(1, Relaxed);
+            return true;
+        }
+        false
+    }
+}
+
+/// Runs the active checks until `stop` fires (reads the current config every round, so
+/// reloads apply).
+pub async fn run_checks(
+    shared: std::sync::Arc<crate::proxy::Shared>,
+    mut stop: pingora::server::ShutdownWatch,
+) {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap_or_default();
+    loop {
+        let rt = shared.runtime.load_full();
+        let hc = rt.health_check.clone();
+        if hc.enabled {
+            let checks = rt.ordered.iter().flat_map(|s| s.instances.iter()).map(|i| {
+                let url = format!("http://{}{}", i.addr, hc.path);
+                let client = client.clone();
+                let i = i.clone();
+                let hc = hc.clone();
+                async move {
+                    let ok = matches!(
+                        tokio::time::timeout(hc.timeout, client.get(&url).send()).await,
+                        Ok(Ok(r)) if r.status().is_success()
+                    );
+                    match i.health.on_check(ok, hc.rise, hc.fall) {
+                        Some(true) => log::warn!("instance {} is healthy again ({url})", i.id),
+                        Some(false) => log::warn!(
+                            "instance {} is unhealthy: {} failed checks of {url}; it gets no requests",
+                            i.id, hc.fall
+                        ),
+                        None => {}
+                    }
+                }
+            });
+            futures_util::future::join_all(checks).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(hc.interval) => {}
+            r = stop.changed() => {
+                if r.is_err() || *stop.borrow() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn active_checks_need_rise_and_fall_in_a_row() {
+        let h = Health::default();
+        assert!(h.available(0));
+        assert_eq!(h.on_check(false, 2, 3), None);
+        assert_eq!(h.on_check(false, 2, 3), None);
+        assert_eq!(h.on_check(true, 2, 3), None); // streak broken
+        assert_eq!(h.on_check(false, 2, 3), None);
+        assert_eq!(h.on_check(false, 2, 3), None);
+        assert_eq!(h.on_check(false, 2, 3), Some(false));
+        assert!(!h.available(0));
+        assert_eq!(h.on_check(true, 2, 3), None);
+        assert_eq!(h.on_check(true, 2, 3), Some(true));
+        assert!(h.available(0));
+    }
+
+    #[test]
+    fn passive_ejection_and_readmission() {
+        let h = Health::default();
+        assert!(!h.on_request(true, 3, 1000, 10));
+        assert!(!h.on_request(false, 3, 1000, 10)); // a success resets the streak
+        assert!(!h.on_request(true, 3, 1000, 10));
+        assert!(!h.on_request(true, 3, 1000, 10));
+        assert!(h.on_request(true, 3, 1000, 10));
+        assert!(!h.available(500));
+        assert!(h.view(500).ejected);
+        assert!(h.available(1010));
+        assert_eq!(h.view(1010).ejections, 1);
+    }
+}
