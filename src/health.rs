@@ -138,13 +138,8 @@ pub async fn run_checks(
             });
             futures_util::future::join_all(checks).await;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(hc.interval) => {}
-            r = stop.changed() => {
-                if r.is_err() || *stop.borrow() {
-                    return;
-                }
-            }
+        if !crate::maintenance::sleep_or_stop(hc.interval, &mut stop).await {
+            return;
         }
     }
 }

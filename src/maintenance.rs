@@ -121,28 +121,27 @@ pub fn run_once(shared: &Shared) -> u64 {
     freed
 }
 
+/// Sleeps for `d` unless shutdown starts first; returns whether to go on.
+pub async fn sleep_or_stop(d: Duration, stop: &mut pingora::server::ShutdownWatch) -> bool {
+    if *stop.borrow() {
+        return false;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        r = stop.changed() => r.is_ok() && !*stop.borrow(),
+    }
+}
+
 /// Runs [`run_once`] every `interval` until `stop` fires.
 pub async fn run(
     shared: Arc<Shared>,
     interval: Duration,
     mut stop: pingora::server::ShutdownWatch,
 ) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                let s = shared.clone();
-                if let Err(e) = tokio::task::spawn_blocking(move || run_once(&s)).await {
-                    warn!("maintenance pass failed: {e}");
-                }
-            }
-            r = stop.changed() => {
-                if r.is_err() || *stop.borrow() {
-                    return;
-                }
-            }
+    while sleep_or_stop(interval, &mut stop).await {
+        let s = shared.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || run_once(&s)).await {
+            warn!("maintenance pass failed: {e}");
         }
     }
 }

@@ -616,14 +616,7 @@ async fn least_request_spreads_concurrent_streams() {
         "{:?}",
         held.iter().map(|(i, _)| i).collect::<Vec<_>>()
     );
-    let v: serde_json::Value = c
-        .get(gw.admin_url("/admin/instances"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = gw.instances().await;
     for i in v["instances"].as_array().unwrap() {
         assert_eq!(i["inflight_requests"], 2, "{v:#}");
     }

@@ -4,15 +4,6 @@ mod common;
 
 use common::*;
 
-async fn admin(gw: &GatewayProc) -> serde_json::Value {
-    reqwest::get(gw.admin_url("/admin/instances"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unhealthy_instances_leave_and_rejoin_the_rotation() {
     let fleet = sims(2, "m", "e", 200.0).await;
@@ -42,7 +33,7 @@ async fn unhealthy_instances_leave_and_rejoin_the_rotation() {
     // e1 starts refusing connections: its health checks fail.
     fleet[0].update_faults(|f| f.refuse = true);
     eventually("e1 to be marked unhealthy", || async {
-        admin(&gw).await["instances"][0]["health"]["healthy"] == false
+        gw.instances().await["instances"][0]["health"]["healthy"] == false
     })
     .await;
     for _ in 0..6 {
@@ -56,7 +47,7 @@ async fn unhealthy_instances_leave_and_rejoin_the_rotation() {
     // It recovers: back in the round-robin.
     fleet[0].update_faults(|f| f.refuse = false);
     eventually("e1 to be healthy again", || async {
-        admin(&gw).await["instances"][0]["health"]["healthy"] == true
+        gw.instances().await["instances"][0]["health"]["healthy"] == true
     })
     .await;
     let mut seen = std::collections::HashSet::new();

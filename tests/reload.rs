@@ -16,15 +16,6 @@ fn instances_of(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-async fn admin_instances(gw: &GatewayProc) -> serde_json::Value {
-    reqwest::get(gw.admin_url("/admin/instances"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_swaps_config_without_dropping_streams() {
     let fleet = sims(2, "m", "e", 1.0).await;
@@ -80,7 +71,7 @@ async fn reload_swaps_config_without_dropping_streams() {
         .metrics()
         .await
         .contains("tokengate_config_last_reload_success 0"));
-    assert_eq!(instances_of(&admin_instances(&gw).await), vec!["e1"]);
+    assert_eq!(instances_of(&gw.instances().await), vec!["e1"]);
 
     // A good file adds e2 (picked up from the file change alone, no signal).
     std::fs::write(
@@ -92,11 +83,11 @@ async fn reload_swaps_config_without_dropping_streams() {
     )
     .unwrap();
     eventually("e2 to appear", || async {
-        instances_of(&admin_instances(&gw).await) == vec!["e1", "e2"]
+        instances_of(&gw.instances().await) == vec!["e1", "e2"]
     })
     .await;
     // e1 kept its counter: the stream in flight is still counted there.
-    let v = admin_instances(&gw).await;
+    let v = gw.instances().await;
     assert_eq!(v["instances"][0]["inflight_requests"], 1, "{v:#}");
     // least-request now sends new work to the idle e2.
     let r = reqwest::Client::new()

@@ -106,17 +106,9 @@ impl GatewayProc {
     /// Polls `/admin/instances` until every instance has zero in-flight requests, tokens and
     /// waiting requests, or panics at the deadline with the last snapshot.
     pub async fn wait_idle(&self) -> serde_json::Value {
-        let c = reqwest::Client::new();
         let deadline = Instant::now() + DEADLINE;
         loop {
-            let v: serde_json::Value = c
-                .get(self.admin_url("/admin/instances"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v = self.instances().await;
             let idle = v["instances"].as_array().unwrap().iter().all(|i| {
                 i["inflight_requests"] == 0 && i["inflight_tokens"] == 0 && i["waiting"] == 0
             });
@@ -128,6 +120,16 @@ impl GatewayProc {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// `GET /admin/instances` as JSON.
+    pub async fn instances(&self) -> serde_json::Value {
+        reqwest::get(self.admin_url("/admin/instances"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
     }
 
     pub async fn metrics(&self) -> String {
