@@ -11,6 +11,8 @@
 #   tg-policy        tokengate, scheduler policy (prefix-cache ×2 + least-inflight ×1)
 #   smg-rr           SGLang model gateway, --policy round_robin
 #   smg-cache-aware  SGLang model gateway, --policy cache_aware
+# Optional (CONFIGS=…): tg-layered-loose (layered, prefix min_hit_ratio 0.1, load_tolerance 3,
+#   waiting_threshold 16), tg-policy-1to1 (policy, prefix-cache ×1 + least-inflight ×1).
 #
 # Usage: bench/compare.sh            (from anywhere; about 8–9 minutes on 2 cores)
 # Knobs (environment): LIMIT, TIME_SCALE, BLOCK_TOKENS, SIM_TIME_SCALE, KV_BLOCKS, ENGINES,
@@ -29,9 +31,12 @@ SIM_TIME_SCALE=${SIM_TIME_SCALE:-$(python3 -c "print(f'{$TIME_SCALE*$BLOCK_TOKEN
 KV_BLOCKS=${KV_BLOCKS:-65536}
 ENGINES=${ENGINES:-8}
 SEED=${SEED:-0}
+DRAIN=${DRAIN:-30s}       # after the last send, requests still running this long are cancelled
+DURATION=${DURATION:-55s} # stop sending after this long (the slice needs ~45 s; bounds a collapsing run)
 TRACE=${TRACE:-$ROOT/../shared/traces/mooncake_conversation_trace.jsonl}
 [ -f "$TRACE" ] || TRACE=/work/shared/traces/mooncake_conversation_trace.jsonl
-CONFIGS=${CONFIGS:-"direct-rr tg-rr tg-least-token tg-layered tg-layered-aff tg-policy smg-rr smg-cache-aware"}
+DEFAULT_CONFIGS="direct-rr tg-rr tg-least-token tg-layered tg-layered-aff tg-policy smg-rr smg-cache-aware"
+CONFIGS=${CONFIGS:-$DEFAULT_CONFIGS}
 OUT=${OUT:-bench/results/routing}
 MD=${MD:-bench/results/routing.md}
 MODEL=qwen3-0.6b
@@ -123,7 +128,7 @@ SMG_PID=; SMG_URL=
 start_smg() { # $1 = policy
   local port; port=$(free_port)
   smg launch --worker-urls "${ENGINE_URLS[@]}" --policy "$1" --host 127.0.0.1 --port "$port" \
-    --log-level warn >"$WORK/smg.log" 2>&1 &
+    --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" --log-level warn >"$WORK/smg.log" 2>&1 &
   SMG_PID=$!; PIDS+=($SMG_PID)
   SMG_URL=http://127.0.0.1:$port
   for _ in $(seq 1 600); do
@@ -145,29 +150,31 @@ replay() { # $1 = config name, $2.. = extra replay args (URLs etc.)
   local dir=$OUT/$name
   rm -rf "$dir"; mkdir -p "$dir"
   "$BIN" bench replay --model "$MODEL" --trace "$TRACE" --limit "$LIMIT" \
-    --time-scale "$TIME_SCALE" --block-tokens "$BLOCK_TOKENS" --seed "$SEED" \
+    --time-scale "$TIME_SCALE" --block-tokens "$BLOCK_TOKENS" --seed "$SEED" --drain-timeout "$DRAIN" --duration "$DURATION" \
     --out-json "$dir/report.json" --out-md "$dir/report.md" --plots "$dir" "$@" \
     >/dev/null 2>"$dir/replay.log"
 }
 
-run_config() {
-  local name=$1 t1; t1=$(date +%s)
+run_config() { # $1 = config, $2 = result directory name (config, or config.N for a repeat)
+  local kind=$1 name=${2:-$1} t1; t1=$(date +%s)
   echo "== $name" >&2
   start_fleet
   local extra=()
-  case $name in
+  case $kind in
     direct-rr)
       local u; for u in "${ENGINE_URLS[@]}"; do extra+=(--url "$u"); done
       extra+=(--url-policy round-robin)
       replay "$name" "${extra[@]}";;
     tg-*)
       local body
-      case $name in
+      case $kind in
         tg-rr) body='    load_balancing: round-robin';;
         tg-least-token) body='    load_balancing: least-token';;
         tg-layered) body=$'    load_balancing: least-token\n    scheduler: { mode: layered, prefix: {} }';;
         tg-layered-aff) body=$'    load_balancing: least-token\n    scheduler: { mode: layered, affinity: { mode: soft }, prefix: {} }'
           extra+=(--sessions);;
+        tg-layered-loose) body=$'    load_balancing: least-token\n    scheduler: { mode: layered, prefix: { min_hit_ratio: 0.1, load_tolerance: 3.0, waiting_threshold: 16 } }';;
+        tg-policy-1to1) body=$'    load_balancing: least-token\n    scheduler: { mode: policy, plugins: [ {kind: prefix-cache, weight: 1}, {kind: least-inflight, weight: 1} ] }';;
         tg-policy) body=$'    load_balancing: least-token\n    scheduler: { mode: policy, plugins: [ {kind: prefix-cache, weight: 2}, {kind: least-inflight, weight: 1} ] }';;
         *) echo "unknown config $name" >&2; return 1;;
       esac
@@ -181,7 +188,7 @@ run_config() {
       tail -n 50 "$WORK/gw.log" >"$OUT/$name/gateway.log.tail"
       stop "$GW_PID";;
     smg-*)
-      local pol; case $name in smg-rr) pol=round_robin;; smg-cache-aware) pol=cache_aware;; esac
+      local pol; case $kind in smg-rr) pol=round_robin;; smg-cache-aware) pol=cache_aware;; esac
       start_smg "$pol"
       replay "$name" --url "$SMG_URL"
       echo "smg launch --policy $pol (defaults otherwise)" >"$OUT/$name/smg.txt"
@@ -196,18 +203,32 @@ run_config() {
   done
   stop "${ENGINE_PIDS[@]}"
   echo "$(( $(date +%s) - t1 ))" >"$OUT/$name/wall_s.txt"
-  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); t=r["ttft_ms"]
-print(f"   ok {r["counts"]["ok"]}/{r["counts"]["scheduled"]}, TTFT mean {t["mean"]:.0f} ms p99 {t["p99"]:.0f} ms, cached {r["tokens"]["cached_ratio"]*100:.1f} %, lag p99 {r["dispatch_lag_ms"]["p99"]:.1f} ms, {sys.argv[2]} s")' \
-    "$OUT/$name/report.json" "$(cat "$OUT/$name/wall_s.txt")" >&2
+  python3 - "$OUT/$name/report.json" "$(cat "$OUT/$name/wall_s.txt")" >&2 <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); c = r["counts"]; t = r["ttft_ms"]
+print("   ok %d/%d, TTFT mean %.0f ms p99 %.0f ms, cached %.1f %%, lag p99 %.1f ms, %s s" % (
+    c["ok"], c["scheduled"], t["mean"], t["p99"], r["tokens"]["cached_ratio"] * 100,
+    r["dispatch_lag_ms"]["p99"], sys.argv[2]))
+PY
 }
 
-for c in $CONFIGS; do run_config "$c"; done
+# a config named twice runs twice: results in <config>, <config>.2, …
+RUNS=()
+for c in $CONFIGS; do
+  k=1; while [[ " ${RUNS[*]} " == *" $c"$( [ $k -gt 1 ] && echo ".$k" )" "* ]]; do k=$((k+1)); done
+  d=$c; [ $k -gt 1 ] && d=$c.$k
+  run_config "$c" "$d"; RUNS+=("$d")
+done
 WALL=$(( $(date +%s) - T0 ))
 
-CMD="bench/compare.sh"
-for v in LIMIT TIME_SCALE BLOCK_TOKENS SIM_TIME_SCALE KV_BLOCKS SEED; do CMD="$v=${!v} $CMD"; done
+CMD=""
+for v in LIMIT TIME_SCALE BLOCK_TOKENS SIM_TIME_SCALE KV_BLOCKS SEED DURATION DRAIN; do CMD="$CMD$v=${!v} "; done
+[ "$CONFIGS" = "$DEFAULT_CONFIGS" ] || CMD="${CMD}CONFIGS=\"$CONFIGS\" "
+[ "$OUT" = bench/results/routing ] || CMD="${CMD}OUT=$OUT "
+[ "$MD" = bench/results/routing.md ] || CMD="${CMD}MD=$MD "
+CMD="${CMD}bench/compare.sh"
 [ -n "${NO_TABLE:-}" ] && exit 0
-python3 - "$OUT" "$MD" "$CMD" "$WALL" $CONFIGS <<'PY'
+DRAIN=$DRAIN DURATION=$DURATION ENGINES=$ENGINES python3 - "$OUT" "$MD" "$CMD" "$WALL" "${RUNS[@]}" <<'PY'
 import json, os, re, subprocess, sys
 out, md, cmd, wall = sys.argv[1:5]
 configs = sys.argv[5:]
@@ -220,7 +241,13 @@ LABEL = {
     "tg-policy": "tokengate policy (prefix-cache ×2 + least-inflight ×1)",
     "smg-rr": "smg round_robin",
     "smg-cache-aware": "smg cache_aware",
+    "tg-layered-loose": "tokengate layered (prefix: min_hit_ratio 0.1, load_tolerance 3, waiting_threshold 16)",
+    "tg-policy-1to1": "tokengate policy (prefix-cache ×1 + least-inflight ×1)",
 }
+
+def label(c):
+    base, _, k = c.partition(".")
+    return LABEL.get(base, base) + (f" (run {k})" if k else "")
 
 def metrics(name):
     p = os.path.join(out, name, "metrics.txt")
@@ -259,15 +286,33 @@ def pct(x):
     return "–" if x is None else f"{x*100:.1f} %"
 def ms(x):
     return f"{x:,.0f}"
+NENG = int(os.environ.get("ENGINES", "8"))
+def imbalance(r):
+    # like the replay report's, but over the whole fleet: engines that got nothing count as 0
+    inf = [row for name, row in zip(r["load"]["instances"], r["load"]["inflight"]) if name != "-"]
+    if not inf:
+        return float("nan")
+    n = max(NENG, len(inf))
+    ratios = []
+    for b in range(len(inf[0])):
+        col = [row[b] for row in inf]
+        tot = sum(col)
+        if tot > 0:
+            ratios.append(max(col) / (tot / n))
+    return sum(ratios) / len(ratios) if ratios else 1.0
+
 def errs(r):
     c = r["counts"]
     e = dict(r["errors"])
-    n = c["failed"] + c["cancelled"]
+    unsent = (r["meta"]["limit"] or c["scheduled"]) - c["sent"]
+    n = c["failed"] + c["cancelled"] + unsent
     if n == 0:
         return "0"
     parts = [f"{k} {v}" for k, v in sorted(e.items())]
     if c["cancelled"]:
         parts.append(f"cancelled {c['cancelled']}")
+    if unsent:
+        parts.append(f"not sent within {os.environ.get('DURATION', '?')}: {unsent}")
     return f"{n} ({', '.join(parts)})"
 
 L = []
@@ -286,8 +331,8 @@ w(f"Workload: the first {meta['limit']} requests of `{os.path.basename(wp['trace
   f"replayed open-loop at `--time-scale {sc['time_scale']:g}` with `--block-tokens {sc['block_tokens']}` "
   f"(every request scaled by {sc['block_tokens']}/{sc['trace_block_tokens']}: mean prompt "
   f"{tok['prompt']/max(1,first['counts']['ok']):,.0f} tokens, mean output {tok['completion']/max(1,first['counts']['ok']):,.0f} tokens), "
-  f"streaming, concurrency cap {meta['concurrency']}. Identical for every row; only the `tokengate-layered` "
-  f"affinity row adds `--sessions` (an `x-session-id` per conversation root).")
+  f"streaming, concurrency cap {meta['concurrency']}, requests still running {os.environ.get('DRAIN', '60s')} after the last send are cancelled. Identical for every row; only the tokengate layered "
+  f"(affinity + prefix) row adds `--sessions` (an `x-session-id` per conversation root).")
 w("")
 w(f"Engines: a fresh fleet of 8 `tokengate engine-sim` processes per row (cold KV caches), `{sim_flags}` "
   f"(prefill 8,000 uncached tokens/s and 6 ms + 0.35 ms × running per decode step, divided by the time scale; "
@@ -299,7 +344,7 @@ w(f"**Ceiling** = the trace's prefix-hit ceiling for exactly these requests (one
   f"engines): {pct(ceil_tok)} of prompt tokens ({pct(tok['ideal_block_hit_ratio'])} of blocks). "
   f"**Cached** = Σ cached_tokens / Σ prompt_tokens as the engines reported them. "
   f"**× RR** = cached ÷ {base_name}'s cached ratio. **Imbalance** = mean over 100 ms buckets of the busiest "
-  f"engine's in-flight ÷ the mean (client view; 1.0 = even). For prefix-aware tokengate rows, **gw ceiling / gw engine** are "
+  f"engine's in-flight ÷ the mean over all {NENG} engines (client view; 1.0 = even, {NENG}.0 = everything on one engine). For prefix-aware tokengate rows, **gw ceiling / gw engine** are "
   f"`tokengate_prefix_hit_ratio{{kind=\"ceiling\"}}` (best instance by the gateway's prefix index, per request) and "
   f"`{{kind=\"engine\"}}` scraped from the admin `/metrics` after the run.")
 w("")
@@ -310,12 +355,12 @@ for c in configs:
     m = M[c]
     gw = "–"
     kc, ke = 'tokengate_prefix_hit_ratio{kind="ceiling"}', 'tokengate_prefix_hit_ratio{kind="engine"}'
-    if m and kc in m:
+    if m and m.get('tokengate_prefix_tokens_total{kind="prompt"}', 0) > 0:
         gw = pct(m[kc]) + " / " + pct(m.get(ke))
     xrr = f"{cr/base_cached:.2f}×" if base_cached else "–"
     xc = f"{cr/ceil_tok:.2f}" if ceil_tok else "–"
-    w(f"| {LABEL.get(c, c)} | {r['throughput']['requests_per_s']:.1f} | {ms(t['mean'])} | {ms(t['p50'])} | {ms(t['p99'])} | "
-      f"{ms(r['e2e_ms']['p50'])} | {pct(cr)} | {xrr} | {xc} | {gw} | {errs(r)} | {r['load']['imbalance']:.2f} |")
+    w(f"| {label(c)} | {r['throughput']['requests_per_s']:.1f} | {ms(t['mean'])} | {ms(t['p50'])} | {ms(t['p99'])} | "
+      f"{ms(r['e2e_ms']['p50'])} | {pct(cr)} | {xrr} | {xc} | {gw} | {errs(r)} | {imbalance(r):.2f} |")
 w("")
 
 # secondary table: sanity (client lag) and the gateway's own view
@@ -327,8 +372,10 @@ w("| config | dispatch lag p99 ms | ITL p99 ms | requests per engine (min–max)
 w("|---|---:|---:|---|---|---|")
 for c in configs:
     r = R[c]
-    per = [i["requests"] for i in r["instances"]]
-    spread = f"{min(per)}–{max(per)} ({len(per)} engines)" if per else "–"
+    per = [i["requests"] for i in r["instances"] if i["instance"] != "-"]
+    idle = max(0, NENG - len(per))
+    per += [0] * idle
+    spread = f"{min(per)}–{max(per)}" + (f" ({idle} engines got nothing)" if idle else "") if per else "–"
     dec = "–"; gerr = "–"
     m = M[c]
     if m:
@@ -340,7 +387,7 @@ for c in configs:
         if os.path.exists(ip):
             ie = sum(i.get("errors", 0) for i in json.load(open(ip)).get("instances", []))
         gerr = f"{ie} instance errors, {bad} non-200"
-    w(f"| {LABEL.get(c, c)} | {r['dispatch_lag_ms']['p99']:.1f} | {r['itl_ms']['p99']:.1f} | {spread} | {dec} | {gerr} |")
+    w(f"| {label(c)} | {r['dispatch_lag_ms']['p99']:.1f} | {r['itl_ms']['p99']:.1f} | {spread} | {dec} | {gerr} |")
 w("")
 
 # issue targets

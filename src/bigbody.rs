@@ -8,6 +8,14 @@
 //! The subrequest has its own context and does its own routing, accounting and logging; the
 //! main request only pipes the subrequest's response tasks to the client.
 //!
+//! The subrequest session itself carries *no* body (`BodyMode::NoBody`: Pingora sees an
+//! empty request). The body travels in the [`Handoff`] and our `request_body_filter` emits it
+//! at the end of the (empty) request body of *every* upstream attempt. Feeding it through
+//! the subrequest's channel instead would let Pingora read it once: a retry to another
+//! instance (a 503 or 429 from the engine) would find its 64 KiB retry buffer truncated and
+//! send the headers without the body. The client's `Content-Type`, which Pingora strips
+//! from a body-less subrequest, is put back from the handoff.
+//!
 //! This is our own pipe rather than `pingora_proxy::subrequest::pipe::pipe_subrequest`:
 //! with a preset body that function never polls the client, so a client that hangs up is
 //! not noticed and the engine keeps generating. Here the client connection is watched
@@ -32,7 +40,6 @@ const ABANDON_GRACE: Duration = Duration::from_secs(5);
 pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
     let anthropic = handoff.plan.api.is_anthropic();
     let request_id = handoff.plan.request_id.clone();
-    let body = handoff.body.clone();
     let Some(spawner) = session.subrequest_spawner.as_ref() else {
         return Err(Error::explain(
             ErrorType::InternalError,
@@ -40,7 +47,7 @@ pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
         ));
     };
     let sctx = SubrequestCtx::builder()
-        .body_mode(BodyMode::ExpectBody)
+        .body_mode(BodyMode::NoBody)
         .user_ctx(Box::new(Some(handoff)))
         .build();
     let (prepared, handle) = spawner.create_subrequest(session.as_downstream(), sctx);
@@ -50,10 +57,8 @@ pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
         subreq_wants_body: _,
         mut subreq_proxy_error,
     } = handle;
-    // The whole body as one task; the channel has room for it before the subrequest runs.
-    tx.send(HttpTask::Body(Some(body), true))
-        .await
-        .map_err(|_| Error::explain(ErrorType::InternalError, "subrequest body channel closed"))?;
+    // Nothing is sent on `tx` (the body comes from the handoff), but it stays open while the
+    // subrequest runs: closing it reads as the client leaving.
     let join = tokio::spawn(prepared.run());
 
     let mut header_sent = false;

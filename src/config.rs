@@ -323,8 +323,9 @@ impl Default for HealthCheckSettings {
     }
 }
 
-/// Passive ejection: `max_failures` consecutive failed requests eject an instance for
-/// `eject_for` (0 disables).
+/// Passive health: how the outcome of real requests acts on instances. `max_failures`
+/// consecutive failed requests (connect failure, 5xx, timeout, died mid-response) eject an
+/// instance for `eject_for` (0 disables ejection).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PassiveHealthSettings {
@@ -332,6 +333,13 @@ pub struct PassiveHealthSettings {
     pub max_failures: u32,
     #[serde(default = "d_eject_for", with = "humantime_serde")]
     pub eject_for: Duration,
+    /// Engine statuses retried on another instance (never the same one twice, within the 3
+    /// attempts a request has, body replayed exactly) when they arrive before any response
+    /// byte reached the client. Default `[503, 429]`; `[]` passes every engine answer
+    /// through. Retried 5xx count as failures for ejection; 429 (the engine is busy, not
+    /// broken) does not. With no other instance left the engine's answer is passed through.
+    #[serde(default = "d_retry_on_status")]
+    pub retry_on_status: Vec<u16>,
 }
 
 impl Default for PassiveHealthSettings {
@@ -339,6 +347,7 @@ impl Default for PassiveHealthSettings {
         PassiveHealthSettings {
             max_failures: d_max_failures(),
             eject_for: d_eject_for(),
+            retry_on_status: d_retry_on_status(),
         }
     }
 }
@@ -363,6 +372,9 @@ fn d_max_failures() -> u32 {
 }
 fn d_eject_for() -> Duration {
     Duration::from_secs(10)
+}
+fn d_retry_on_status() -> Vec<u16> {
+    vec![503, 429]
 }
 
 /// How a request's `model` is matched to a service.
@@ -403,6 +415,10 @@ pub struct Timeouts {
     /// Whole request, checked at every response chunk.
     #[serde(default = "d_total", with = "humantime_serde")]
     pub total: Duration,
+    /// Longest time to receive a client's whole request body (and longest silence between
+    /// two of its reads); a slower upload is answered 408 and the connection closed.
+    #[serde(default = "d_client_body", with = "humantime_serde")]
+    pub client_body: Duration,
 }
 
 impl Default for Timeouts {
@@ -412,6 +428,7 @@ impl Default for Timeouts {
             first_byte: d_first_byte(),
             idle: d_idle(),
             total: d_total(),
+            client_body: d_client_body(),
         }
     }
 }
@@ -470,6 +487,9 @@ fn d_idle() -> Duration {
 }
 fn d_total() -> Duration {
     Duration::from_secs(1800)
+}
+fn d_client_body() -> Duration {
+    Duration::from_secs(60)
 }
 
 /// Every problem found in a config file, each `path: message`.
@@ -552,6 +572,7 @@ impl Config {
             ("first_byte", t.first_byte),
             ("idle", t.idle),
             ("total", t.total),
+            ("client_body", t.client_body),
         ] {
             if d.is_zero() {
                 errs.push(format!("timeouts.{name}: must be greater than 0"));
@@ -615,6 +636,13 @@ impl Config {
         }
         if hc.rise == 0 || hc.fall == 0 {
             errs.push("health_check.rise / fall: must be at least 1".into());
+        }
+        for (i, &code) in self.passive_health.retry_on_status.iter().enumerate() {
+            if !(code == 408 || code == 429 || (500..=599).contains(&code)) {
+                errs.push(format!(
+                    "passive_health.retry_on_status[{i}]: {code} cannot be retried (expected 408, 429 or 5xx)"
+                ));
+            }
         }
         let pi = &self.prefix_index;
         if pi.block_size == 0 {
@@ -900,5 +928,30 @@ mod tests {
         let y = format!("timeouts: {{connect: fast}}\n{MIN}");
         let e = Config::from_yaml(&y).unwrap_err().to_string();
         assert!(e.starts_with("timeouts.connect:"), "{e}");
+    }
+
+    #[test]
+    fn retry_statuses_and_client_body_timeout() {
+        let c = Config::from_yaml(MIN).unwrap();
+        assert_eq!(c.passive_health.retry_on_status, vec![503, 429]);
+        assert_eq!(c.timeouts.client_body, Duration::from_secs(60));
+        let y = format!(
+            "passive_health: {{retry_on_status: []}}\ntimeouts: {{client_body: 5s}}\n{MIN}"
+        );
+        let c = Config::from_yaml(&y).unwrap();
+        assert!(c.passive_health.retry_on_status.is_empty());
+        assert_eq!(c.timeouts.client_body, Duration::from_secs(5));
+        let y = format!("passive_health: {{retry_on_status: [502, 200]}}\n{MIN}");
+        let e = Config::from_yaml(&y).unwrap_err().to_string();
+        assert!(
+            e.contains("passive_health.retry_on_status[1]: 200 cannot be retried"),
+            "{e}"
+        );
+        let y = format!("timeouts: {{client_body: 0s}}\n{MIN}");
+        let e = Config::from_yaml(&y).unwrap_err().to_string();
+        assert!(
+            e.contains("timeouts.client_body: must be greater than 0"),
+            "{e}"
+        );
     }
 }

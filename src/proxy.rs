@@ -34,8 +34,14 @@ use std::time::{Duration, Instant};
 
 /// Largest body Pingora can replay from its retry buffer (`BODY_BUF_LIMIT` in pingora-core).
 pub const RETRY_BUFFER_LIMIT: usize = 64 * 1024;
-/// Attempts per request (first try + connect-failure retries to other instances).
+/// Attempts per request (first try + retries to other instances after a connect failure
+/// or a retryable status, `passive_health.retry_on_status`).
 const MAX_ATTEMPTS: usize = 3;
+/// Largest request head (request line + headers) accepted; larger ones get 431. Engines
+/// reject far smaller heads (uvicorn/h11: 64 KiB), so forwarding them is pointless.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The error an attempt ends with when the engine answered a retryable status.
+const RETRY_STATUS: ErrorType = ErrorType::Custom("engine answered a retryable status");
 
 /// State shared by every request.
 pub struct Shared {
@@ -54,6 +60,9 @@ pub struct Gateway {
 pub struct Handoff {
     pub plan: Plan,
     pub body: Bytes,
+    /// The client's `Content-Type` (the subrequest session drops body headers; the body
+    /// itself comes from `body` on every attempt, see [`crate::bigbody`]).
+    pub content_type: Option<http::HeaderValue>,
 }
 
 /// A parsed, resolved request: everything needed to pick an instance and send the body.
@@ -103,6 +112,11 @@ pub struct Ctx {
     local_status: Option<u16>,
     local_error: Option<String>,
     deadline_hit: bool,
+    /// The current attempt ended with this retryable engine status (see
+    /// `upstream_response_filter`); the next `upstream_peer` releases it.
+    retry_status: Option<u16>,
+    /// The current attempt received a response header.
+    attempt_answered: bool,
 }
 
 impl Ctx {
@@ -181,6 +195,17 @@ fn gw_err(e: GatewayError) -> Box<Error> {
 impl Gateway {
     async fn reject(&self, session: &mut Session, ctx: &mut Ctx, e: GatewayError) -> Result<bool> {
         let status = e.status();
+        self.reject_as(session, ctx, status, e).await
+    }
+
+    /// [`Self::reject`] with a status the error type has no variant for (431).
+    async fn reject_as(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        status: u16,
+        e: GatewayError,
+    ) -> Result<bool> {
         ctx.local_status = Some(status);
         ctx.local_error = Some(e.to_string());
         // A request whose body we did not read cannot leave the connection reusable.
@@ -198,15 +223,31 @@ impl Gateway {
         Ok(true)
     }
 
-    /// Reads the whole request body, at most `max` bytes.
-    async fn read_body(session: &mut Session, max: usize) -> Result<Result<Bytes, GatewayError>> {
+    /// Reads the whole request body, at most `max` bytes, within `timeout` (a slow-loris
+    /// upload is a 408, not a connection held forever).
+    async fn read_body(
+        session: &mut Session,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<Result<Bytes, GatewayError>> {
+        // Each read waits at most `timeout` too (Pingora's default per read is 60 s).
+        session.downstream_session.set_read_timeout(Some(timeout));
+        let deadline = tokio::time::Instant::now() + timeout;
         let mut parts: Vec<Bytes> = Vec::new();
         let mut len = 0usize;
         loop {
-            let chunk = session
-                .read_request_body()
-                .await
-                .map_err(|e| e.into_down())?;
+            let slow = || {
+                Ok(Err(GatewayError::RequestTimeout(format!(
+                    "request body not received within timeouts.client_body ({})",
+                    humantime::format_duration(timeout)
+                ))))
+            };
+            let chunk = match tokio::time::timeout_at(deadline, session.read_request_body()).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) if e.etype() == &ErrorType::ReadTimedout => return slow(),
+                Ok(Err(e)) => return Err(e.into_down()),
+                Err(_) => return slow(),
+            };
             let Some(chunk) = chunk else { break };
             len += chunk.len();
             if len > max {
@@ -270,6 +311,19 @@ impl Gateway {
             };
         };
         ctx.api = Some(api);
+        let head_bytes = session.req_header().raw_path().len()
+            + session
+                .req_header()
+                .headers
+                .iter()
+                .map(|(k, v)| k.as_str().len() + v.len() + 4)
+                .sum::<usize>();
+        if head_bytes > MAX_HEADER_BYTES {
+            let e = GatewayError::BadRequest(format!(
+                "request headers too large ({head_bytes} bytes; at most {MAX_HEADER_BYTES})"
+            ));
+            return self.reject_as(session, ctx, 431, e).await;
+        }
         if method != http::Method::POST {
             let e = GatewayError::MethodNotAllowed(format!(
                 "method {method} is not allowed on {path}; use POST"
@@ -311,7 +365,7 @@ impl Gateway {
                 .map_err(|e| e.into_down())?;
         }
         session.enable_retry_buffering();
-        let body = match Self::read_body(session, max).await? {
+        let body = match Self::read_body(session, max, rt.timeouts.client_body).await? {
             Ok(b) => b,
             Err(e) => return self.reject(session, ctx, e).await,
         };
@@ -359,11 +413,13 @@ impl Gateway {
             // Pingora cannot replay this body from its retry buffer: run the proxy pipeline
             // as a subrequest that is fed the body from memory.
             ctx.delegated = true;
+            let content_type = session.req_header().headers.get("content-type").cloned();
             bigbody::run(
                 session,
                 Handoff {
                     plan,
                     body: upstream_body,
+                    content_type,
                 },
             )
             .await?;
@@ -396,6 +452,18 @@ impl Gateway {
         );
         outcome.target().map(|t| t as u32)
     }
+}
+
+/// Whether another attempt is allowed: attempts left and an untried available instance.
+fn can_retry(ctx: &Ctx) -> bool {
+    let Some(plan) = ctx.plan.as_ref() else {
+        return false;
+    };
+    let more = match &plan.dest {
+        Dest::Service(s) => s.has_untried(&ctx.tried),
+        Dest::Route(r) => r.targets.iter().any(|s| s.has_untried(&ctx.tried)),
+    };
+    more && ctx.tried.len() < MAX_ATTEMPTS
 }
 
 /// Feeds a request's outcome to the instance's passive health.
@@ -457,6 +525,8 @@ impl ProxyHttp for Gateway {
             local_status: None,
             local_error: None,
             deadline_hit: false,
+            retry_status: None,
+            attempt_answered: false,
         }
     }
 
@@ -477,6 +547,9 @@ impl ProxyHttp for Gateway {
                     "subrequest without a handoff",
                 ));
             };
+            if let Some(ct) = h.content_type {
+                session.req_header_mut().insert_header("content-type", ct)?;
+            }
             ctx.start = h.plan.start;
             ctx.request_id = h.plan.request_id.clone();
             ctx.api = Some(h.plan.api);
@@ -495,9 +568,16 @@ impl ProxyHttp for Gateway {
         let Some(plan) = ctx.plan.clone() else {
             return Err(Error::explain(ErrorType::InternalError, "no plan"));
         };
-        // A retry: the previous attempt failed to connect.
+        // A retry: the previous attempt failed to connect, or its engine answered a
+        // retryable status. 5xx and connect failures count against the instance's passive
+        // health; a 429 (busy, not broken) does not: ejecting busy engines under overload
+        // would turn a slowdown into an outage.
+        let retried = ctx.retry_status.take();
+        ctx.attempt_answered = false;
         if let Some(g) = ctx.guard.take() {
-            passive_failure(g.instance(), true, &plan.runtime);
+            if retried.is_none_or(|s| s >= 500) {
+                passive_failure(g.instance(), true, &plan.runtime);
+            }
             g.finish(Outcome::Failed);
         }
         if ctx.tried.len() >= MAX_ATTEMPTS {
@@ -567,18 +647,95 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if let Some(plan) = ctx.plan.as_ref() {
-            let more = match &plan.dest {
-                Dest::Service(s) => s.has_untried(&ctx.tried),
-                Dest::Route(r) => r.targets.iter().any(|s| s.has_untried(&ctx.tried)),
-            };
-            if more && ctx.tried.len() < MAX_ATTEMPTS {
-                warn!(
-                    "request {}: connect to {} failed ({e}); retrying on another instance",
-                    ctx.request_id,
+        if can_retry(ctx) {
+            warn!(
+                "request {}: connect to {} failed ({e}); retrying on another instance",
+                ctx.request_id,
+                ctx.instance_id.as_deref().unwrap_or("-")
+            );
+            e.set_retry(true);
+        }
+        e
+    }
+
+    /// An engine answered a retryable status (`passive_health.retry_on_status`) before any
+    /// response byte reached the client: end this attempt with a retryable error, so that
+    /// Pingora calls `upstream_peer` again (another instance) and replays the body through
+    /// `request_body_filter`. Nothing has been written downstream yet: Pingora runs the
+    /// response filters on a batch of upstream tasks before writing any of them. With no
+    /// attempt or instance left, the engine's answer is passed through.
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let status = resp.status.as_u16();
+        let retryable = ctx
+            .plan
+            .as_ref()
+            .is_some_and(|p| p.runtime.passive.retry_on_status.contains(&status));
+        if retryable && ctx.local_status.is_none() && can_retry(ctx) {
+            warn!(
+                "request {}: instance {} answered {status}; retrying on another instance",
+                ctx.request_id,
+                ctx.instance_id.as_deref().unwrap_or("-")
+            );
+            ctx.retry_status = Some(status);
+            let mut e = Error::explain(
+                RETRY_STATUS,
+                format!(
+                    "instance {} answered {status}",
                     ctx.instance_id.as_deref().unwrap_or("-")
-                );
-                e.set_retry(true);
+                ),
+            );
+            e.set_retry(true);
+            return Err(e.into_up());
+        }
+        ctx.attempt_answered = true;
+        Ok(())
+    }
+
+    /// Pingora's default never retries a POST once connected. Here an attempt is retried
+    /// on another instance when the engine answered a retryable status (decided in
+    /// `upstream_response_filter`), or when its connection was closed or reset before it
+    /// answered anything (an engine refusing work, a stale pooled connection): nothing reached
+    /// the client and the body is replayed from our own copy, whatever its size. Timeouts
+    /// are not retried (they would multiply the wait). Anything else: Pingora's default.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let reset_before_answer = !ctx.attempt_answered
+            && e.esource() == &pingora::ErrorSource::Upstream
+            && matches!(
+                e.etype(),
+                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+            )
+            && session.response_written().is_none();
+        if ctx.retry_status.is_some() && e.etype() == &RETRY_STATUS {
+            e.set_retry(true);
+        } else if reset_before_answer && can_retry(ctx) {
+            warn!(
+                "request {}: instance {} closed the connection before answering ({e}); retrying on another instance",
+                ctx.request_id,
+                ctx.instance_id.as_deref().unwrap_or("-")
+            );
+            ctx.retry_status = None;
+            e.set_retry(true);
+        } else {
+            ctx.retry_status = None;
+            if !session.req_header().method.is_idempotent()
+                || session.as_ref().retry_buffer_truncated()
+            {
+                e.set_retry(false);
+            } else {
+                e.retry.decide_reuse(client_reused);
             }
         }
         e

@@ -107,17 +107,27 @@ impl JsonCollector {
     }
 }
 
+/// Largest event held back in strip mode. An event that grows beyond it (a malformed stream
+/// without blank lines, a huge event) is released and passed through, so a broken engine
+/// cannot make the gateway buffer a whole response or delay its first byte.
+const HOLD_LIMIT: usize = 64 * 1024;
+
 /// Incremental SSE reader. See the module docs.
 #[derive(Debug, Default)]
 pub struct SseScanner {
-    /// Bytes of the current, incomplete line (pass-through mode) or event (strip mode).
+    /// Bytes of the current, incomplete line (pass-through mode) or held event (strip mode).
     pending: Vec<u8>,
-    /// Start of the current line inside `pending` (strip mode).
-    line_start: usize,
+    /// The current line (strip mode), for parsing.
+    line: Vec<u8>,
+    /// The current line outgrew the parsing limit and is skipped (strip mode).
+    line_overflow: bool,
     /// Remove usage-only chunks from what the client receives.
     strip_usage_chunk: bool,
     /// The current event is a usage-only chunk (strip mode).
     drop_event: bool,
+    /// The current event was released early (over [`HOLD_LIMIT`]); its remaining bytes pass
+    /// through as they come (strip mode).
+    passing: bool,
     pub usage: Usage,
     /// `data: [DONE]` or a terminal event was seen.
     pub done: bool,
@@ -142,25 +152,39 @@ impl SseScanner {
         }
         let mut out = Vec::with_capacity(chunk.len());
         for &b in chunk {
-            self.pending.push(b);
+            if self.passing {
+                out.push(b);
+            } else if !self.drop_event {
+                self.pending.push(b);
+            }
+            if self.line.len() < JSON_LIMIT {
+                self.line.push(b);
+            } else {
+                self.line_overflow = true;
+            }
             if b == b'\n' {
-                let line_end = self.pending.len();
-                let line = trim_eol(&self.pending[self.line_start..line_end]);
-                if line.is_empty() {
+                let line = std::mem::take(&mut self.line);
+                let l = trim_eol(&line);
+                if l.is_empty() {
                     // End of event: release it unless it is the usage-only chunk.
-                    if !self.drop_event {
+                    if !self.passing && !self.drop_event {
                         out.extend_from_slice(&self.pending);
                     }
                     self.pending.clear();
-                    self.line_start = 0;
                     self.drop_event = false;
-                } else {
-                    let line = line.to_vec();
-                    if self.on_line(&line) {
-                        self.drop_event = true;
-                    }
-                    self.line_start = line_end;
+                    self.passing = false;
+                } else if !std::mem::take(&mut self.line_overflow)
+                    && self.on_line(l)
+                    && !self.passing
+                {
+                    self.drop_event = true;
+                    self.pending.clear();
                 }
+                self.line = line;
+                self.line.clear();
+            } else if !self.passing && !self.drop_event && self.pending.len() > HOLD_LIMIT {
+                out.append(&mut self.pending);
+                self.passing = true;
             }
         }
         Some(Bytes::from(out))
@@ -169,8 +193,18 @@ impl SseScanner {
     /// End of stream: whatever is still pending (an unterminated last event) is released.
     pub fn finish(&mut self) -> Option<Bytes> {
         if self.strip_usage_chunk {
+            // An unterminated last line is still read for usage.
+            let line = std::mem::take(&mut self.line);
+            let l = trim_eol(&line);
+            if !l.is_empty()
+                && !std::mem::take(&mut self.line_overflow)
+                && self.on_line(l)
+                && !self.passing
+            {
+                self.drop_event = true;
+            }
             let rest = std::mem::take(&mut self.pending);
-            if !rest.is_empty() && !self.drop_event {
+            if !rest.is_empty() && !self.drop_event && !self.passing {
                 return Some(Bytes::from(rest));
             }
             return Some(Bytes::new());
@@ -314,6 +348,123 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_toke
         let mut c = JsonCollector::default();
         c.feed(br#"{"usage":{"input_tokens":3,"output_tokens":1},"content":[{"text":"usage"}]}"#);
         assert_eq!(c.finish().unwrap().prompt, Some(3));
+    }
+
+    /// A tiny deterministic RNG for the property tests (no dependency, same cases every run).
+    pub(crate) struct XorShift(pub u64);
+    impl XorShift {
+        pub fn next(&mut self) -> u64 {
+            let mut x = self.0;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            self.0 = x;
+            x
+        }
+        pub fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// A random SSE-ish stream: well-formed events, usage chunks, comments, CRLF, broken JSON,
+    /// missing blank lines and raw garbage bytes.
+    fn random_stream(r: &mut XorShift) -> Vec<u8> {
+        const PIECES: &[&[u8]] = &[
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n",
+            b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n",
+            b"data: {\"choices\":[{\"delta\":{}}],\"usage\":{\"prompt_tokens\":4}}\n\n",
+            b"data: [DONE]\n\n",
+            b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+            b": keep-alive\n\n",
+            b"data: {\"usage\": {\"prompt_tokens\": \"NaN\"\n\n",
+            b"data: {broken\r\n\r\n",
+            b"data:{\"usage\":{\"input_tokens\":1}}\r\n",
+            b"\n",
+            b"\r",
+            b"data: ",
+            b"\"usage\"",
+        ];
+        let mut v = Vec::new();
+        for _ in 0..r.below(40) {
+            if r.below(5) == 0 {
+                for _ in 0..r.below(64) {
+                    v.push(r.next() as u8);
+                }
+            } else {
+                v.extend_from_slice(PIECES[r.below(PIECES.len())]);
+            }
+        }
+        v
+    }
+
+    /// Feeds `input` in random pieces; returns (what the client receives, the scanner).
+    fn run(input: &[u8], strip: bool, r: &mut XorShift) -> (Vec<u8>, SseScanner) {
+        let mut s = SseScanner::new(strip);
+        let mut out = Vec::new();
+        let mut rest = input;
+        while !rest.is_empty() {
+            let n = 1 + r.below(rest.len().min(50));
+            let (a, b) = rest.split_at(n);
+            match s.feed(a) {
+                Some(x) => out.extend_from_slice(&x),
+                None => out.extend_from_slice(a),
+            }
+            rest = b;
+        }
+        if let Some(x) = s.finish() {
+            out.extend_from_slice(&x);
+        }
+        (out, s)
+    }
+
+    fn is_subsequence(small: &[u8], big: &[u8]) -> bool {
+        let mut it = big.iter();
+        small.iter().all(|c| it.any(|b| b == c))
+    }
+
+    #[test]
+    fn property_random_streams_and_splits() {
+        let mut r = XorShift(0x9e37_79b9_7f4a_7c15);
+        for case in 0..3000 {
+            let input = random_stream(&mut r);
+            let (whole, whole_s) = run(&input, false, &mut XorShift(1));
+            // Pass-through mode never changes a byte, whatever the split.
+            let (split, split_s) = run(&input, false, &mut r);
+            assert_eq!(whole, input, "case {case}");
+            assert_eq!(split, input, "case {case}");
+            assert_eq!(whole_s.usage, split_s.usage, "case {case}");
+            assert_eq!(whole_s.done, split_s.done, "case {case}");
+            // Strip mode: the same output and usage for any split, only whole events
+            // removed (a subsequence), nothing removed when there is no usage at all.
+            let (a, sa) = run(&input, true, &mut r);
+            let (b, sb) = run(&input, true, &mut r);
+            assert_eq!(a, b, "case {case}");
+            assert_eq!(sa.usage, whole_s.usage, "case {case}");
+            assert_eq!(sb.done, whole_s.done, "case {case}");
+            assert!(is_subsequence(&a, &input), "case {case}");
+            if memmem::find(&input, b"usage").is_none() {
+                assert_eq!(a, input, "case {case}");
+            }
+        }
+    }
+
+    #[test]
+    fn strip_mode_does_not_hold_a_stream_without_blank_lines() {
+        let mut s = SseScanner::new(true);
+        let line = b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n";
+        let mut released = 0usize;
+        let mut fed = 0usize;
+        for _ in 0..10_000 {
+            released += s.feed(line).unwrap().len();
+            fed += line.len();
+        }
+        // At most one held event's worth is still pending.
+        assert!(
+            fed - released <= HOLD_LIMIT + line.len(),
+            "{fed} {released}"
+        );
+        released += s.finish().unwrap().len();
+        assert_eq!(released, fed);
     }
 
     #[test]

@@ -148,14 +148,29 @@ impl Scorer for LeastTokenScorer {
 
 /// Prefix cache: the fraction of the prompt's blocks the candidate holds. Inserts the prompt
 /// for the chosen instance on dispatch; refreshes it on completion.
+///
+/// A match below `min_hit_ratio` (default 0.5) scores 0, as in layered mode's prefix layer.
+/// Without that floor, sum-normalisation would turn any match into a full score: when every
+/// prompt starts with the same short system prompt, the first instance that served one
+/// would hold a tiny match on every request, score 1.0 against everyone else's 0, and win
+/// every request however loaded it is (seen on the Mooncake trace: 7 of 8 engines idle).
 #[derive(Debug)]
 pub struct PrefixScorer {
     index: Arc<PrefixIndex>,
+    min_hit_ratio: f64,
 }
 
 impl PrefixScorer {
     pub fn new(index: Arc<PrefixIndex>) -> Self {
-        PrefixScorer { index }
+        PrefixScorer {
+            index,
+            min_hit_ratio: 0.5,
+        }
+    }
+    /// Matches below this share of the prompt score 0.
+    pub fn with_min_hit_ratio(mut self, r: f64) -> Self {
+        self.min_hit_ratio = r;
+        self
     }
     pub fn index(&self) -> &Arc<PrefixIndex> {
         &self.index
@@ -179,7 +194,8 @@ impl Scorer for PrefixScorer {
             }
         };
         for (o, c) in out.iter_mut().zip(cands) {
-            *o = m.ratio(c.key);
+            let r = m.ratio(c.key);
+            *o = if r >= self.min_hit_ratio { r } else { 0.0 };
         }
     }
     fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
@@ -314,5 +330,42 @@ mod tests {
         let mut out = vec![0.0; 2];
         sc.score(&req, &cs, &mut out);
         assert_eq!(out, vec![0.0, 0.75]);
+    }
+
+    #[test]
+    fn a_short_shared_prefix_does_not_pull_every_request_to_one_instance() {
+        // Every prompt starts with the same system block; instance 0 served one first.
+        let ix = Arc::new(PrefixIndex::default());
+        let sc = PrefixScorer::new(ix.clone());
+        let cs = cands(4);
+        sc.on_dispatch(
+            &RequestView {
+                blocks: &[7, 1],
+                ..Default::default()
+            },
+            &cs[0],
+        );
+        let blocks: Vec<u64> = std::iter::once(7).chain(100..120).collect();
+        let mut out = vec![0.0; 4];
+        sc.score(
+            &RequestView {
+                blocks: &blocks,
+                ..Default::default()
+            },
+            &cs,
+            &mut out,
+        );
+        // 1 of 21 blocks (< min_hit_ratio 0.5): no opinion, so load decides.
+        assert_eq!(out, vec![0.0; 4]);
+        let low = PrefixScorer::new(ix).with_min_hit_ratio(0.0);
+        low.score(
+            &RequestView {
+                blocks: &blocks,
+                ..Default::default()
+            },
+            &cs,
+            &mut out,
+        );
+        assert!(out[0] > 0.0);
     }
 }
