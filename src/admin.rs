@@ -74,7 +74,27 @@ impl ServeHttp for Admin {
                 br#"{"error":{"message":"the admin API only answers GET","type":"invalid_request_error","code":"method_not_allowed"}}"#.to_vec(),
             );
         }
-        match req.uri.path() {
+        let path = req.uri.path();
+        if path != "/health" {
+            if let Some(token) = self.shared.runtime.load().admin_token.as_deref() {
+                let presented = req
+                    .headers
+                    .get("authorization")
+                    .map(|v| v.as_bytes())
+                    .and_then(|v| {
+                        (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
+                            .then(|| v[7..].trim_ascii())
+                    });
+                if !presented.is_some_and(|p| crate::proxy::ct_eq(p, token)) {
+                    return resp(
+                        401,
+                        "application/json",
+                        br#"{"error":{"message":"the admin API needs `Authorization: Bearer <admin_token>`","type":"authentication_error","code":"invalid_admin_token"}}"#.to_vec(),
+                    );
+                }
+            }
+        }
+        match path {
             "/health" => resp(200, "text/plain", b"ok\n".to_vec()),
             "/metrics" => resp(200, "text/plain; version=0.0.4", self.render_metrics()),
             "/admin/instances" => {

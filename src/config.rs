@@ -27,6 +27,10 @@ pub struct Config {
     /// Worker threads of the proxy runtime (default: the number of CPUs).
     #[serde(default)]
     pub threads: Option<usize>,
+    /// Bearer token the admin listener requires for `/metrics` and `/admin/*` (`/health`
+    /// stays open for probes). Absent: the admin listener is open (keep it on loopback).
+    #[serde(default)]
+    pub admin_token: Option<String>,
     /// Bearer keys clients must present. Empty: the gateway is open.
     #[serde(default)]
     pub api_keys: Vec<String>,

@@ -138,7 +138,7 @@ fn new_request_id() -> String {
 }
 
 /// Constant-time comparison of a presented key with a configured one.
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

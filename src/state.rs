@@ -396,6 +396,7 @@ pub struct Runtime {
     pub strict: bool,
     pub default_model: Option<String>,
     pub api_keys: Vec<Vec<u8>>,
+    pub admin_token: Option<Vec<u8>>,
     pub max_body_bytes: usize,
     pub timeouts: Timeouts,
     /// Bytes per prefix block: `prefix_index.block_size` tokens × 4 bytes.
@@ -549,6 +550,7 @@ impl Runtime {
             strict: cfg.routing.strict,
             default_model: cfg.routing.default_model.clone(),
             api_keys: cfg.api_keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            admin_token: cfg.admin_token.as_ref().map(|t| t.as_bytes().to_vec()),
             max_body_bytes: cfg.max_body_bytes,
             timeouts: cfg.timeouts.clone(),
             block_bytes: block_tokens * crate::api::BYTES_PER_TOKEN,

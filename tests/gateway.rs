@@ -623,3 +623,37 @@ async fn least_request_spreads_concurrent_streams() {
     drop(held);
     gw.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_guards_metrics_and_instances_but_not_health() {
+    let m = Mock::start().await;
+    let gw = GatewayProc::start(&format!("admin_token: adm-secret\n{}", one_service(&m)));
+    let c = reqwest::Client::new();
+    for path in ["/metrics", "/admin/instances"] {
+        let r = c.get(gw.admin_url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path}");
+        let r = c
+            .get(gw.admin_url(path))
+            .header("authorization", "Bearer wrong")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{path}");
+        let r = c
+            .get(gw.admin_url(path))
+            .header("authorization", "Bearer adm-secret")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    assert_eq!(
+        c.get(gw.admin_url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert!(!gw.log_text().contains("adm-secret"));
+}
