@@ -52,7 +52,8 @@ start_gw() { # $1 = RUST_LOG
 
 SMG_PORT=$(free_port)
 smg launch --worker-urls http://127.0.0.1:$UP_PORT --policy round_robin --host 127.0.0.1 \
-  --port $SMG_PORT --log-level warn >"$WORK/smg.log" 2>&1 &
+  --port $SMG_PORT --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" \
+  --log-level warn >"$WORK/smg.log" 2>&1 &
 PIDS+=($!)
 wait_http http://127.0.0.1:$SMG_PORT/health
 
