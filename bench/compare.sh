@@ -14,9 +14,11 @@
 # Optional (CONFIGS=…): tg-layered-loose (layered, prefix min_hit_ratio 0.1, load_tolerance 3,
 #   waiting_threshold 16), tg-policy-1to1 (policy, prefix-cache ×1 + least-inflight ×1).
 #
-# Usage: bench/compare.sh            (from anywhere; about 8–9 minutes on 2 cores)
+# Usage: bench/compare.sh            (from anywhere; about 7 minutes on 2 cores, plus the build)
 # Knobs (environment): LIMIT, TIME_SCALE, BLOCK_TOKENS, SIM_TIME_SCALE, KV_BLOCKS, ENGINES,
-#   SEED, TRACE, CONFIGS="direct-rr tg-layered …" (a subset), OUT (results directory).
+#   SEED, DURATION, DRAIN, TRACE, CONFIGS="direct-rr tg-layered …" (a subset, in order; a name
+#   given twice runs twice), OUT (results directory), MD (the markdown table).
+# The text after "<!-- discussion -->" in the existing MD file is kept when it is rewritten.
 # Needs: cargo, python3, smg (pip install smg). Writes bench/results/routing.md and
 # bench/results/routing/<config>/{report.json,report.md,ttft_cdf.svg,inflight.svg,…}.
 set -euo pipefail
@@ -128,7 +130,7 @@ SMG_PID=; SMG_URL=
 start_smg() { # $1 = policy
   local port; port=$(free_port)
   smg launch --worker-urls "${ENGINE_URLS[@]}" --policy "$1" --host 127.0.0.1 --port "$port" \
-    --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" --log-level warn >"$WORK/smg.log" 2>&1 &
+    --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" --shutdown-grace-period-secs 2 --log-level warn >"$WORK/smg.log" 2>&1 &
   SMG_PID=$!; PIDS+=($SMG_PID)
   SMG_URL=http://127.0.0.1:$port
   for _ in $(seq 1 600); do
@@ -188,7 +190,12 @@ run_config() { # $1 = config, $2 = result directory name (config, or config.N fo
       tail -n 50 "$WORK/gw.log" >"$OUT/$name/gateway.log.tail"
       stop "$GW_PID";;
     smg-*)
-      local pol; case $kind in smg-rr) pol=round_robin;; smg-cache-aware) pol=cache_aware;; esac
+      local pol
+      case $kind in
+        smg-rr) pol=round_robin;;
+        smg-cache-aware) pol=cache_aware;;
+        *) echo "unknown config $name" >&2; return 1;;
+      esac
       start_smg "$pol"
       replay "$name" --url "$SMG_URL"
       echo "smg launch --policy $pol (defaults otherwise)" >"$OUT/$name/smg.txt"
@@ -331,13 +338,13 @@ w(f"Workload: the first {meta['limit']} requests of `{os.path.basename(wp['trace
   f"replayed open-loop at `--time-scale {sc['time_scale']:g}` with `--block-tokens {sc['block_tokens']}` "
   f"(every request scaled by {sc['block_tokens']}/{sc['trace_block_tokens']}: mean prompt "
   f"{tok['prompt']/max(1,first['counts']['ok']):,.0f} tokens, mean output {tok['completion']/max(1,first['counts']['ok']):,.0f} tokens), "
-  f"streaming, concurrency cap {meta['concurrency']}, requests still running {os.environ.get('DRAIN', '60s')} after the last send are cancelled. Identical for every row; only the tokengate layered "
+  f"streaming, concurrency cap {meta['concurrency']}, sending stops after {os.environ.get('DURATION', '?')} (only a target that falls far behind is cut short: the slice is sent in ≈ 45 s at this scale) and requests still running {os.environ.get('DRAIN', '?')} after the last send are cancelled. Identical for every row; only the tokengate layered "
   f"(affinity + prefix) row adds `--sessions` (an `x-session-id` per conversation root).")
 w("")
 w(f"Engines: a fresh fleet of 8 `tokengate engine-sim` processes per row (cold KV caches), `{sim_flags}` "
   f"(prefill 8,000 uncached tokens/s and 6 ms + 0.35 ms × running per decode step, divided by the time scale; "
   f"block size 16 tokens). The gateways use their defaults apart from the routing policy; tokengate "
-  f"`threads: 2`, `prefix_index.block_size: 16`, `RUST_LOG=warn`; smg `--log-level warn`. Per-row configs, reports, "
+  f"`threads: 2`, `prefix_index.block_size: 16`, `RUST_LOG=warn`; smg `--log-level warn` (Prometheus listener on loopback). Per-row configs, reports, "
   f"plots (TTFT CDF, in-flight per engine) and the scraped `/metrics`: `bench/results/routing/<row>/`.")
 w("")
 w(f"**Ceiling** = the trace's prefix-hit ceiling for exactly these requests (one infinite cache shared by all "
