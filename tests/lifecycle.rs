@@ -51,7 +51,7 @@ async fn sigterm_drains_in_flight_streams_then_exits_zero() {
             break s;
         }
         assert!(Instant::now() < deadline, "gateway did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // ok-sleep: poll interval under a deadline
     };
     assert!(status.success(), "{status:?}");
     assert!(gw.log_text().contains("all connections finished"));

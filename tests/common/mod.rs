@@ -118,7 +118,7 @@ impl GatewayProc {
             if Instant::now() > deadline {
                 panic!("load table never returned to zero: {v:#}");
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await; // ok-sleep: poll interval under a deadline
         }
     }
 
@@ -159,7 +159,7 @@ pub async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Output = boo
         if Instant::now() > deadline {
             panic!("timed out waiting for {what}");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // ok-sleep: poll interval under a deadline
     }
 }
 
