@@ -1006,29 +1006,32 @@ impl ProxyHttp for Gateway {
         if let Some(c) = u.cached {
             m.tokens.with_label_values(&["cached"]).inc_by(c);
         }
-        let req = session.req_header();
-        let err = match (e, ctx.local_error.as_deref()) {
-            (_, Some(m)) => format!(" error={m:?}"),
-            (Some(e), None) => format!(" error={:?}", e.to_string()),
-            _ => String::new(),
-        };
-        info!(
-            target: "access",
-            "{} {} {} model={} instance={} status={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
-            req.method,
-            req.uri.path(),
-            if stream { "stream" } else { "unary" },
-            ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
-            instance,
-            status,
-            ctx.ttft.map_or("-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),
-            dur.as_secs_f64() * 1e3,
-            u.prompt.map_or("-".into(), |v| v.to_string()),
-            u.completion.map_or("-".into(), |v| v.to_string()),
-            u.cached.map_or("-".into(), |v| v.to_string()),
-            if ctx.reason.is_empty() { "-" } else { ctx.reason.as_ref() },
-            ctx.request_id,
-            err,
-        );
+        // Nothing of the access line is formatted when its target is off.
+        if log::log_enabled!(target: "access", log::Level::Info) {
+            let req = session.req_header();
+            let err = match (e, ctx.local_error.as_deref()) {
+                (_, Some(m)) => format!(" error={m:?}"),
+                (Some(e), None) => format!(" error={:?}", e.to_string()),
+                _ => String::new(),
+            };
+            info!(
+                target: "access",
+                "{} {} {} model={} instance={} status={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
+                req.method,
+                req.uri.path(),
+                if stream { "stream" } else { "unary" },
+                ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
+                instance,
+                status,
+                ctx.ttft.map_or("-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),
+                dur.as_secs_f64() * 1e3,
+                u.prompt.map_or("-".into(), |v| v.to_string()),
+                u.completion.map_or("-".into(), |v| v.to_string()),
+                u.cached.map_or("-".into(), |v| v.to_string()),
+                if ctx.reason.is_empty() { "-" } else { ctx.reason.as_ref() },
+                ctx.request_id,
+                err,
+            );
+        }
     }
 }
