@@ -68,6 +68,11 @@ enum BenchCmd {
     Replay(Box<tokengate::bench::ReplayArgs>),
 }
 
+/// mimalloc: the proxy allocates and frees many small buffers per request (headers, bodies,
+/// futures); glibc malloc cost ~10 % of the gateway's CPU under load (bench/results/overhead.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_logging() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_micros()
