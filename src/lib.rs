@@ -20,4 +20,5 @@ pub mod reload;
 pub mod schedule;
 pub mod server;
 pub mod state;
+pub mod transport;
 pub mod usage;

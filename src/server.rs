@@ -127,8 +127,11 @@ async fn accept_loop<A>(
                     let guard = ActiveGuard::new(&active);
                     tokio::spawn(async move {
                         let _guard = guard;
-                        let stream: pingora::protocols::Stream =
-                            Box::new(pingora::protocols::l4::stream::Stream::from(sock));
+                        let stream: pingora::protocols::Stream = Box::new(
+                            crate::transport::Gathered::new(
+                                pingora::protocols::l4::stream::Stream::from(sock),
+                            ),
+                        );
                         let mut next = app.process_new(stream, &shutdown).await;
                         while let Some(s) = next {
                             next = app.process_new(s, &shutdown).await;
