@@ -35,6 +35,51 @@ fn u(v: &Value, k: &str) -> Option<u64> {
     v.get(k).and_then(Value::as_u64)
 }
 
+/// `"usage"`, searched for in every response; the searchers are built once.
+static USAGE_KEY: once_cell::sync::Lazy<memmem::Finder<'static>> =
+    once_cell::sync::Lazy::new(|| memmem::Finder::new(b"\"usage\""));
+static USAGE_KEY_REV: once_cell::sync::Lazy<memmem::FinderRev<'static>> =
+    once_cell::sync::Lazy::new(|| memmem::FinderRev::new(b"\"usage\""));
+
+/// A `usage` object in any of the three APIs' shapes, read without building a `Value`
+/// (the hot path of every non-streaming response). Same rules as [`usage_of`].
+#[derive(serde::Deserialize)]
+struct TypedUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    prompt_tokens_details: Option<TypedDetails>,
+    input_tokens_details: Option<TypedDetails>,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedDetails {
+    cached_tokens: Option<u64>,
+}
+
+impl From<TypedUsage> for Usage {
+    fn from(t: TypedUsage) -> Usage {
+        let anth_read = t.cache_read_input_tokens;
+        let prompt = t.prompt_tokens.or_else(|| {
+            t.input_tokens
+                .map(|i| i + anth_read.unwrap_or(0) + t.cache_creation_input_tokens.unwrap_or(0))
+        });
+        let cached = t
+            .prompt_tokens_details
+            .or(t.input_tokens_details)
+            .and_then(|d| d.cached_tokens)
+            .or(anth_read);
+        Usage {
+            prompt,
+            completion: t.completion_tokens.or(t.output_tokens),
+            cached,
+        }
+    }
+}
+
 /// Reads one `usage` object in any of the three APIs' shapes.
 fn usage_of(obj: &Value) -> Usage {
     let anth_read = u(obj, "cache_read_input_tokens");
@@ -89,10 +134,15 @@ impl JsonCollector {
             return None;
         }
         // Fast path: the engines put `usage` last; parse only that object.
-        if let Some(pos) = memmem::rfind(&self.buf, b"\"usage\"") {
+        if let Some(pos) = USAGE_KEY_REV.rfind(&self.buf) {
             let rest = &self.buf[pos + 7..];
             let colon = rest.iter().position(|b| !b.is_ascii_whitespace());
             if let Some(i) = colon.filter(|&i| rest[i] == b':') {
+                let mut typed =
+                    serde_json::Deserializer::from_slice(&rest[i + 1..]).into_iter::<TypedUsage>();
+                if let Some(Ok(t)) = typed.next() {
+                    return Some(t.into());
+                }
                 let mut it =
                     serde_json::Deserializer::from_slice(&rest[i + 1..]).into_iter::<Value>();
                 if let Some(Ok(obj)) = it.next() {
@@ -255,7 +305,7 @@ impl SseScanner {
             self.done = true;
             return false;
         }
-        if memmem::find(data, b"\"usage\"").is_none() {
+        if USAGE_KEY.find(data).is_none() {
             return false;
         }
         let Ok(v) = serde_json::from_slice::<Value>(data) else {
@@ -465,6 +515,26 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_toke
         );
         released += s.finish().unwrap().len();
         assert_eq!(released, fed);
+    }
+
+    #[test]
+    fn typed_usage_agrees_with_value_reading() {
+        for u in [
+            r#"{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}"#,
+            r#"{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":null}"#,
+            r#"{"input_tokens":3,"output_tokens":1,"input_tokens_details":{"cached_tokens":2}}"#,
+            r#"{"input_tokens":3,"output_tokens":1,"cache_read_input_tokens":5,"cache_creation_input_tokens":7}"#,
+            r#"{"completion_tokens":1}"#,
+            r#"{}"#,
+        ] {
+            let typed: TypedUsage = serde_json::from_str(u).unwrap();
+            let v: Value = serde_json::from_str(u).unwrap();
+            assert_eq!(Usage::from(typed), usage_of(&v), "{u}");
+        }
+        // Not the typed shape: the Value reading still answers.
+        let mut c = JsonCollector::default();
+        c.feed(br#"{"usage":{"prompt_tokens":1.0,"completion_tokens":2}}"#);
+        assert_eq!(c.finish().unwrap().completion, Some(2));
     }
 
     #[test]
