@@ -151,6 +151,11 @@ struct Part<'a> {
 fn render_value(out: &mut String, v: &RawValue) {
     let raw = v.get();
     match raw.as_bytes().first() {
+        // A string without escapes is its raw text between the quotes (the body was
+        // validated when it was parsed); only escaped strings are decoded again.
+        Some(b'"') if raw.len() >= 2 && memchr::memchr(b'\\', raw.as_bytes()).is_none() => {
+            out.push_str(&raw[1..raw.len() - 1])
+        }
         Some(b'"') => match serde_json::from_str::<Cow<str>>(raw) {
             Ok(s) => out.push_str(&s),
             Err(_) => out.push_str(raw),
