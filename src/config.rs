@@ -614,6 +614,11 @@ impl Config {
                     errs.push(format!("{p}.id: must not be empty"));
                 } else if !ids.insert(inst.id.as_str()) {
                     errs.push(format!("{p}.id: duplicate instance id {:?}", inst.id));
+                } else if http::HeaderValue::from_str(&inst.id).is_err() {
+                    errs.push(format!(
+                        "{p}.id: {:?} cannot be sent in the x-tokengate-instance header (use visible ASCII)",
+                        inst.id
+                    ));
                 }
                 if inst.addr.parse::<SocketAddr>().is_err() {
                     errs.push(format!(
@@ -911,6 +916,16 @@ mod tests {
         );
         assert!(
             all.contains("services[1].instances[0].addr: invalid socket address"),
+            "{all}"
+        );
+    }
+
+    #[test]
+    fn instance_ids_must_fit_in_a_header() {
+        let y = "services:\n  - name: m\n    instances:\n      - {id: \"a\\nb\", addr: 127.0.0.1:8000}\n";
+        let all = Config::from_yaml(y).unwrap_err().0.join("\n");
+        assert!(
+            all.contains("services[0].instances[0].id: \"a\\nb\" cannot be sent in the x-tokengate-instance header"),
             "{all}"
         );
     }

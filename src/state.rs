@@ -27,6 +27,8 @@ pub fn now_ms() -> u64 {
 #[derive(Debug)]
 pub struct Instance {
     pub id: String,
+    /// `id` as the `x-tokengate-instance` response header, built once.
+    pub id_header: http::HeaderValue,
     pub addr: SocketAddr,
     pub service: String,
     pub labels: BTreeMap<String, String>,
@@ -450,6 +452,8 @@ impl Runtime {
                 .map(|(idx, i)| {
                     Arc::new(Instance {
                         id: i.id.clone(),
+                        id_header: http::HeaderValue::from_str(&i.id)
+                            .unwrap_or_else(|_| http::HeaderValue::from_static("-")),
                         addr: i.addr.parse().expect("validated address"),
                         service: s.name.clone(),
                         labels: i.labels.clone(),
