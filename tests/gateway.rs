@@ -51,6 +51,96 @@ async fn bodies_are_forwarded_byte_exact_with_content_length_and_chunked() {
     gw.wait_idle().await;
 }
 
+/// Responses larger than the client connection's write gathering (16 KiB) go through byte-exact,
+/// to a reader that takes them whole and to one that reads 1 KiB at a time off a raw socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_responses_reach_the_client_byte_exact() {
+    let m = Mock::start().await;
+    let gw = GatewayProc::start(&one_service(&m));
+    let c = reqwest::Client::new();
+    for size in [10 * 1024usize, 16 * 1024, 100 * 1024, 1024 * 1024] {
+        let body = chat_body("m", size, false);
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .header("x-mock", "mirror")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "size {size}");
+        let got = tokio::time::timeout(DEADLINE, r.bytes())
+            .await
+            .expect("the whole response arrives")
+            .unwrap();
+        assert!(got[..] == body[..], "size {size}: response differs");
+
+        let mut s = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-mock: mirror\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(&body).await.unwrap();
+        let mut all = Vec::new();
+        let mut piece = [0u8; 1024];
+        loop {
+            let n = tokio::time::timeout(DEADLINE, s.read(&mut piece))
+                .await
+                .expect("the gateway keeps sending")
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&piece[..n]);
+        }
+        let split = all
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a response head")
+            + 4;
+        assert!(
+            all[split..] == body[..],
+            "size {size}: raw response differs"
+        );
+    }
+    gw.wait_idle().await;
+}
+
+/// A long stream arrives whole and in order: every chunk is gathered with its framing and
+/// flushed before the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_streams_arrive_complete_and_in_order() {
+    let m = Mock::start().await;
+    let gw = GatewayProc::start(&one_service(&m));
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-mock", "sse")
+        .header("x-mock-chunks", "3000")
+        .body(chat_body("m", 300, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let all = tokio::time::timeout(DEADLINE, r.bytes())
+        .await
+        .expect("the whole stream arrives")
+        .unwrap();
+    let text = String::from_utf8(all.to_vec()).unwrap();
+    let tokens: Vec<&str> = text
+        .split("\n\n")
+        .filter_map(|ev| ev.split("\"content\":\"").nth(1))
+        .filter_map(|rest| rest.split(' ').next())
+        .collect();
+    let want: Vec<String> = (0..3000).map(|i| format!("t{i}")).collect();
+    assert_eq!(tokens, want);
+    assert!(
+        text.ends_with("data: [DONE]\n\n"),
+        "{}",
+        &text[text.len() - 40..]
+    );
+    gw.wait_idle().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_body_is_a_clear_400() {
     let m = Mock::start().await;

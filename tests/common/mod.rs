@@ -170,6 +170,7 @@ pub async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Output = boo
 /// - `sse`: an SSE stream of `x-mock-chunks` (default 5) chat chunks; after the first it waits
 ///   for [`Mock::release`] when `x-mock-gate: 1`; a usage chunk at the end when the body asks
 ///   for `include_usage`; then `data: [DONE]`;
+/// - `mirror`: 200 `application/json` whose body is the request body, byte for byte;
 /// - `status`: answers `x-mock-status` with a JSON error;
 /// - `close-mid`: starts an SSE stream, sends 2 chunks, closes the connection;
 /// - `hang`: starts an SSE stream, sends 1 chunk, then sends nothing until the peer closes
@@ -289,6 +290,14 @@ impl Mock {
                     );
                     s.write_all(head.as_bytes()).await?;
                     s.write_all(&b).await?;
+                }
+                "mirror" => {
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    s.write_all(head.as_bytes()).await?;
+                    s.write_all(&body).await?;
                 }
                 "status" => {
                     let b = br#"{"error":{"message":"mock failure","type":"server_error"}}"#;
