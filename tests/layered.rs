@@ -276,5 +276,9 @@ async fn the_memory_bound_evicts_the_index() {
             && metric(&m, "tokengate_prefix_index_nodes{scheduler=\"m\"}") == Some(0.0)
     })
     .await;
-    assert!(gw.log_text().contains("prefix index m: evicted"));
+    // The line is written just after the eviction the metrics already show: poll for it too.
+    eventually("the eviction to be logged", || async {
+        gw.log_text().contains("prefix index m: evicted")
+    })
+    .await;
 }
