@@ -655,7 +655,12 @@ async fn models_headers_request_id_and_metrics() {
     }
     let h = c.get(gw.admin_url("/health")).send().await.unwrap();
     assert_eq!(h.status(), 200);
-    // The access log has one line per request with the decision.
+    // The access log has one line per request with the decision (written in the logging hook,
+    // after the client has its answer: poll for it).
+    eventually("the access log line", || async {
+        gw.log_text().contains("id=req-42")
+    })
+    .await;
     let log = gw.log_text();
     let line = log
         .lines()

@@ -64,9 +64,12 @@ async fn reload_swaps_config_without_dropping_streams() {
             .contains("tokengate_config_reloads_total{result=\"error\"} 1")
     })
     .await;
-    assert!(gw
-        .log_text()
-        .contains("services[0].instances[0].addr: invalid socket address"));
+    // The counter is bumped just before the error is logged.
+    eventually("the rejection to be logged", || async {
+        gw.log_text()
+            .contains("services[0].instances[0].addr: invalid socket address")
+    })
+    .await;
     assert!(gw
         .metrics()
         .await
