@@ -64,8 +64,10 @@ impl From<TypedUsage> for Usage {
     fn from(t: TypedUsage) -> Usage {
         let anth_read = t.cache_read_input_tokens;
         let prompt = t.prompt_tokens.or_else(|| {
-            t.input_tokens
-                .map(|i| i + anth_read.unwrap_or(0) + t.cache_creation_input_tokens.unwrap_or(0))
+            t.input_tokens.map(|i| {
+                i.saturating_add(anth_read.unwrap_or(0))
+                    .saturating_add(t.cache_creation_input_tokens.unwrap_or(0))
+            })
         });
         let cached = t
             .prompt_tokens_details
@@ -85,7 +87,10 @@ fn usage_of(obj: &Value) -> Usage {
     let anth_read = u(obj, "cache_read_input_tokens");
     let anth_create = u(obj, "cache_creation_input_tokens");
     let prompt = u(obj, "prompt_tokens").or_else(|| {
-        u(obj, "input_tokens").map(|i| i + anth_read.unwrap_or(0) + anth_create.unwrap_or(0))
+        u(obj, "input_tokens").map(|i| {
+            i.saturating_add(anth_read.unwrap_or(0))
+                .saturating_add(anth_create.unwrap_or(0))
+        })
     });
     let cached = obj
         .get("prompt_tokens_details")
@@ -525,6 +530,7 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_toke
             r#"{"input_tokens":3,"output_tokens":1,"input_tokens_details":{"cached_tokens":2}}"#,
             r#"{"input_tokens":3,"output_tokens":1,"cache_read_input_tokens":5,"cache_creation_input_tokens":7}"#,
             r#"{"completion_tokens":1}"#,
+            r#"{"input_tokens":18446744073709551615,"cache_read_input_tokens":5}"#,
             r#"{}"#,
         ] {
             let typed: TypedUsage = serde_json::from_str(u).unwrap();
