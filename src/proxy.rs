@@ -97,7 +97,6 @@ pub struct Ctx {
     /// Instances already tried.
     tried: Vec<tokengate_plugins::InstanceKey>,
     guard: Option<LoadGuard<Instance>>,
-    instance_id: Option<String>,
     reason: std::borrow::Cow<'static, str>,
     /// The current attempt's scheduling decision.
     chosen: Option<Chosen>,
@@ -123,6 +122,11 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// The instance of the current attempt, `-` before one is chosen.
+    fn instance_id(&self) -> &str {
+        self.chosen.as_ref().map_or("-", |c| c.instance.id.as_str())
+    }
+
     fn anthropic(&self) -> bool {
         self.api.is_some_and(Api::is_anthropic)
     }
@@ -523,7 +527,6 @@ impl ProxyHttp for Gateway {
             body: None,
             tried: Vec::new(),
             guard: None,
-            instance_id: None,
             reason: std::borrow::Cow::Borrowed(""),
             chosen: None,
             blocks: None,
@@ -638,7 +641,6 @@ impl ProxyHttp for Gateway {
         }
         ctx.reason = chosen.reason.clone();
         ctx.tried.push(inst.key);
-        ctx.instance_id = Some(inst.id.clone());
         ctx.guard = Some(LoadGuard::acquire(
             inst.clone(),
             plan.info.expected_tokens(),
@@ -665,7 +667,7 @@ impl ProxyHttp for Gateway {
             warn!(
                 "request {}: connect to {} failed ({e}); retrying on another instance",
                 ctx.request_id,
-                ctx.instance_id.as_deref().unwrap_or("-")
+                ctx.instance_id()
             );
             e.set_retry(true);
         }
@@ -693,14 +695,14 @@ impl ProxyHttp for Gateway {
             warn!(
                 "request {}: instance {} answered {status}; retrying on another instance",
                 ctx.request_id,
-                ctx.instance_id.as_deref().unwrap_or("-")
+                ctx.instance_id()
             );
             ctx.retry_status = Some(status);
             let mut e = Error::explain(
                 RETRY_STATUS,
                 format!(
                     "instance {} answered {status}",
-                    ctx.instance_id.as_deref().unwrap_or("-")
+                    ctx.instance_id()
                 ),
             );
             e.set_retry(true);
@@ -738,7 +740,7 @@ impl ProxyHttp for Gateway {
             warn!(
                 "request {}: instance {} closed the connection before answering ({e}); retrying on another instance",
                 ctx.request_id,
-                ctx.instance_id.as_deref().unwrap_or("-")
+                ctx.instance_id()
             );
             ctx.retry_status = None;
             e.set_retry(true);
@@ -894,7 +896,7 @@ impl ProxyHttp for Gateway {
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         let msg = e.context.as_ref().map(|c| c.as_str().to_string());
-        let up = ctx.instance_id.as_deref().unwrap_or("-");
+        let up = ctx.instance_id();
         let ge = match e.etype() {
             ErrorType::HTTPStatus(503) => {
                 GatewayError::Unavailable(msg.unwrap_or_else(|| "no instance available".into()))
@@ -1008,7 +1010,7 @@ impl ProxyHttp for Gateway {
             .map(|c| c.service.name.as_str())
             .or(ctx.plan.as_ref().map(|p| p.dest.name()))
             .unwrap_or("-");
-        let instance = ctx.instance_id.as_deref().unwrap_or("-");
+        let instance = ctx.instance_id();
         let code = status.to_string();
         m.requests
             .with_label_values(&[model, instance, code.as_str()])
