@@ -156,11 +156,7 @@ async fn engine_503_and_429_are_retried_on_another_instance_with_the_body_replay
                 sent.push((body.len(), hash));
                 let req = c.post(gw.url("/v1/chat/completions"));
                 let req = if chunked {
-                    let parts: Vec<Result<Vec<u8>, std::io::Error>> =
-                        body.chunks(10_000).map(|p| Ok(p.to_vec())).collect();
-                    req.body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-                        parts,
-                    )))
+                    req.body(common::chunked(&body, 10_000))
                 } else {
                     req.body(body.clone())
                 };

@@ -29,11 +29,7 @@ async fn bodies_are_forwarded_byte_exact_with_content_length_and_chunked() {
         for chunked in [false, true] {
             let req = c.post(gw.url("/v1/chat/completions"));
             let req = if chunked {
-                let parts: Vec<Result<Vec<u8>, std::io::Error>> =
-                    body.chunks(7919).map(|p| Ok(p.to_vec())).collect();
-                req.body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-                    parts,
-                )))
+                req.body(common::chunked(&body, 7919))
             } else {
                 req.body(body.clone())
             };
@@ -515,14 +511,8 @@ async fn client_errors_are_api_shaped() {
         .as_str()
         .unwrap()
         .contains("max_body_bytes"));
-    let parts: Vec<Result<Vec<u8>, std::io::Error>> = chat_body("m", 200_000, false)
-        .chunks(10_000)
-        .map(|p| Ok(p.to_vec()))
-        .collect();
     let r = auth(c.post(&chat))
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            parts,
-        )))
+        .body(common::chunked(&chat_body("m", 200_000, false), 10_000))
         .send()
         .await;
     // The gateway answers 413 as soon as the limit is crossed; the client may still be

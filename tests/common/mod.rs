@@ -416,6 +416,13 @@ pub fn chat_body(model: &str, size: usize, stream: bool) -> Vec<u8> {
     .into_bytes()
 }
 
+/// `body` sent chunked (`Transfer-Encoding: chunked`, pieces of `piece` bytes).
+pub fn chunked(body: &[u8], piece: usize) -> reqwest::Body {
+    let parts: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.chunks(piece).map(|p| Ok(p.to_vec())).collect();
+    reqwest::Body::wrap_stream(futures_util::stream::iter(parts))
+}
+
 /// A service block for the YAML config.
 pub fn service(name: &str, instances: &[(&str, SocketAddr)]) -> String {
     let mut s = format!("  - name: {name}\n    instances:\n");
