@@ -700,10 +700,7 @@ impl ProxyHttp for Gateway {
             ctx.retry_status = Some(status);
             let mut e = Error::explain(
                 RETRY_STATUS,
-                format!(
-                    "instance {} answered {status}",
-                    ctx.instance_id()
-                ),
+                format!("instance {} answered {status}", ctx.instance_id()),
             );
             e.set_retry(true);
             return Err(e.into_up());

@@ -18,6 +18,20 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 }
 
 /// Ten well-separated colours (matplotlib's "tab10"), then plotters' 99-colour palette.
+/// The series legend, boxed, in one corner of the chart.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pos: SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
+}
+
 fn color(i: usize) -> RGBColor {
     const TAB10: [(u8, u8, u8); 10] = [
         (31, 119, 180),
@@ -127,13 +141,7 @@ pub fn ttft_cdf_svg(report: &Report) -> anyhow::Result<String> {
             .map_err(err)?
             .label("all")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(3)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         root.present().map_err(err)?;
     }
     Ok(out)
@@ -199,13 +207,7 @@ pub fn inflight_svg(report: &Report) -> anyhow::Result<String> {
                 .label(name.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         root.present().map_err(err)?;
     }
     Ok(out)
