@@ -5,7 +5,6 @@
 
 pub mod admin;
 pub mod api;
-pub mod bench;
 pub mod bigbody;
 pub mod config;
 pub mod decision;

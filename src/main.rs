@@ -65,7 +65,7 @@ enum Cmd {
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Open-loop replay of a Mooncake-format trace (or `--synthetic` sessions); see bench/README.md.
-    Replay(Box<tokengate::bench::ReplayArgs>),
+    Replay(Box<tokengate_bench::ReplayArgs>),
 }
 
 /// mimalloc: the proxy allocates and frees many small buffers per request (headers, bodies,
@@ -126,7 +126,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match rt.block_on(tokengate::bench::run_replay(*args)) {
+            match rt.block_on(tokengate_bench::run_replay(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("bench replay: {e:#}");

@@ -314,7 +314,7 @@ fn cli_flags_parse_into_a_config() {
 #[test]
 fn mooncake_trace_file_if_present() {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/traces/mooncake_conversation_trace.jsonl");
+        .join("../../shared/traces/mooncake_conversation_trace.jsonl");
     let Ok(records) = trace::load_trace(&p) else {
         eprintln!("skipped: {} not found", p.display());
         return;
