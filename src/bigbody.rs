@@ -42,7 +42,7 @@ pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
     let request_id = handoff.plan.request_id.clone();
     let Some(spawner) = session.subrequest_spawner.as_ref() else {
         return Err(Error::explain(
-            ErrorType::InternalError,
+            InternalError,
             "subrequests are not enabled on this session",
         ));
     };
@@ -116,9 +116,7 @@ pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
             warn!("request {request_id}: subrequest still running {ABANDON_GRACE:?} after the client left; aborting it");
             abort.abort();
         }
-        return Err(
-            Error::explain(ErrorType::ConnectionClosed, "client closed the connection").into_down(),
-        );
+        return Err(Error::explain(ConnectionClosed, "client closed the connection").into_down());
     }
     // Drain what the subrequest still sends (its final Done) before joining it.
     while rx.recv().await.is_some() {}
@@ -139,7 +137,7 @@ pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
         .await?;
     } else if !response_done {
         return Err(Error::explain(
-            ErrorType::ConnectionClosed,
+            ConnectionClosed,
             "subrequest ended before its response was complete",
         ));
     }

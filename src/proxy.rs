@@ -42,7 +42,7 @@ const MAX_ATTEMPTS: usize = 3;
 /// reject far smaller heads (uvicorn/h11: 64 KiB), so forwarding them is pointless.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// The error an attempt ends with when the engine answered a retryable status.
-const RETRY_STATUS: ErrorType = ErrorType::Custom("engine answered a retryable status");
+const RETRY_STATUS: ErrorType = Custom("engine answered a retryable status");
 
 /// State shared by every request.
 pub struct Shared {
@@ -63,7 +63,7 @@ pub struct Handoff {
     pub body: Bytes,
     /// The client's `Content-Type` (the subrequest session drops body headers; the body
     /// itself comes from `body` on every attempt, see [`crate::bigbody`]).
-    pub content_type: Option<http::HeaderValue>,
+    pub content_type: Option<HeaderValue>,
 }
 
 /// A parsed, resolved request: everything needed to pick an instance and send the body.
@@ -204,7 +204,7 @@ pub async fn respond(
 
 /// A Pingora error that `fail_to_proxy` turns into this gateway error.
 fn gw_err(e: GatewayError) -> Box<Error> {
-    Error::explain(ErrorType::HTTPStatus(e.status()), e.to_string())
+    Error::explain(HTTPStatus(e.status()), e.to_string())
 }
 
 impl Gateway {
@@ -259,7 +259,7 @@ impl Gateway {
             };
             let chunk = match tokio::time::timeout_at(deadline, session.read_request_body()).await {
                 Ok(Ok(c)) => c,
-                Ok(Err(e)) if e.etype() == &ErrorType::ReadTimedout => return slow(),
+                Ok(Err(e)) if e.etype() == &ReadTimedout => return slow(),
                 Ok(Err(e)) => return Err(e.into_down()),
                 Err(_) => return slow(),
             };
@@ -498,7 +498,7 @@ fn passive_failure(inst: &Arc<Instance>, failed: bool, rt: &Runtime) {
 
 /// Whether the instance is to blame: an upstream-side error, or a 5xx it answered.
 fn upstream_failed(e: Option<&Error>, upstream_status: Option<u16>) -> bool {
-    e.is_some_and(|e| e.esource() == &pingora::ErrorSource::Upstream)
+    e.is_some_and(|e| e.esource() == &ErrorSource::Upstream)
         || upstream_status.is_some_and(|s| s >= 500)
 }
 
@@ -558,7 +558,7 @@ impl ProxyHttp for Gateway {
                 .and_then(Option::take);
             let Some(h) = handoff else {
                 return Err(Error::explain(
-                    ErrorType::InternalError,
+                    InternalError,
                     "subrequest without a handoff",
                 ));
             };
@@ -583,7 +583,7 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         let Some(plan) = ctx.plan.clone() else {
-            return Err(Error::explain(ErrorType::InternalError, "no plan"));
+            return Err(Error::explain(InternalError, "no plan"));
         };
         // A retry: the previous attempt failed to connect, or its engine answered a
         // retryable status. 5xx and connect failures count against the instance's passive
@@ -725,11 +725,8 @@ impl ProxyHttp for Gateway {
     ) -> Box<Error> {
         let mut e = e.more_context(format!("Peer: {peer}"));
         let reset_before_answer = !ctx.attempt_answered
-            && e.esource() == &pingora::ErrorSource::Upstream
-            && matches!(
-                e.etype(),
-                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
-            )
+            && e.esource() == &ErrorSource::Upstream
+            && matches!(e.etype(), ConnectionClosed | ReadError | WriteError)
             && session.response_written().is_none();
         if ctx.retry_status.is_some() && e.etype() == &RETRY_STATUS {
             e.set_retry(true);
@@ -883,7 +880,7 @@ impl ProxyHttp for Gateway {
             if ctx.start.elapsed() > plan.runtime.timeouts.total {
                 ctx.deadline_hit = true;
                 return Err(Error::explain(
-                    ErrorType::HTTPStatus(504),
+                    HTTPStatus(504),
                     "request exceeded timeouts.total",
                 ));
             }
@@ -895,26 +892,26 @@ impl ProxyHttp for Gateway {
         let msg = e.context.as_ref().map(|c| c.as_str().to_string());
         let up = ctx.instance_id();
         let ge = match e.etype() {
-            ErrorType::HTTPStatus(503) => {
+            HTTPStatus(503) => {
                 GatewayError::Unavailable(msg.unwrap_or_else(|| "no instance available".into()))
             }
-            ErrorType::HTTPStatus(504) => {
+            HTTPStatus(504) => {
                 GatewayError::GatewayTimeout(msg.unwrap_or_else(|| "upstream timed out".into()))
             }
-            ErrorType::HTTPStatus(502) => {
+            HTTPStatus(502) => {
                 GatewayError::BadGateway(msg.unwrap_or_else(|| "upstream failed".into()))
             }
-            ErrorType::HTTPStatus(c) if *c >= 400 && *c < 500 => {
+            HTTPStatus(c) if *c >= 400 && *c < 500 => {
                 GatewayError::BadRequest(msg.unwrap_or_else(|| "bad request".into()))
             }
-            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
+            ConnectTimedout | ReadTimedout | WriteTimedout => {
                 GatewayError::GatewayTimeout(format!("instance {up} timed out ({e})"))
             }
-            ErrorType::ConnectRefused | ErrorType::ConnectNoRoute | ErrorType::ConnectError => {
+            ConnectRefused | ConnectNoRoute | ConnectError => {
                 GatewayError::BadGateway(format!("cannot connect to instance {up} ({e})"))
             }
             _ => match e.esource() {
-                pingora::ErrorSource::Downstream => {
+                ErrorSource::Downstream => {
                     // The client is gone or sent garbage; nothing useful to answer.
                     return FailToProxy {
                         error_code: 0,
@@ -955,7 +952,7 @@ impl ProxyHttp for Gateway {
             .local_status
             .or_else(|| session.response_written().map(|r| r.status.as_u16()))
             .unwrap_or(0);
-        let client_left = e.is_some_and(|e| e.esource() == &pingora::ErrorSource::Downstream);
+        let client_left = e.is_some_and(|e| e.esource() == &ErrorSource::Downstream);
         let outcome = if ctx.deadline_hit || upstream_failed(e, ctx.upstream_status) {
             Outcome::Failed
         } else if client_left {

@@ -408,7 +408,7 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_toke
     /// A tiny deterministic RNG for the property tests (no dependency, same cases every run).
     pub(crate) struct XorShift(pub u64);
     impl XorShift {
-        pub fn next(&mut self) -> u64 {
+        pub(super) fn next(&mut self) -> u64 {
             let mut x = self.0;
             x ^= x << 13;
             x ^= x >> 7;
@@ -416,7 +416,7 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_toke
             self.0 = x;
             x
         }
-        pub fn below(&mut self, n: usize) -> usize {
+        pub(super) fn below(&mut self, n: usize) -> usize {
             (self.next() % n as u64) as usize
         }
     }

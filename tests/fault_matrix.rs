@@ -44,7 +44,7 @@ impl Fixed {
             while let Ok((s, _)) = l.accept().await {
                 let (ff, response) = (ff.clone(), response.clone());
                 tokio::spawn(async move {
-                    let _ = ff.serve(s, &response).await;
+                    let _ = Box::pin(ff.serve(s, &response)).await;
                 });
             }
         });

@@ -512,7 +512,7 @@ async fn client_errors_are_api_shaped() {
         .unwrap()
         .contains("max_body_bytes"));
     let r = auth(c.post(&chat))
-        .body(common::chunked(&chat_body("m", 200_000, false), 10_000))
+        .body(chunked(&chat_body("m", 200_000, false), 10_000))
         .send()
         .await;
     // The gateway answers 413 as soon as the limit is crossed; the client may still be

@@ -164,10 +164,10 @@ struct Node {
 }
 
 /// Bytes one holder costs.
-const HOLDER_BYTES: i64 = mem::size_of::<Holder>() as i64;
+const HOLDER_BYTES: i64 = size_of::<Holder>() as i64;
 /// Fixed bytes of a node: its slot in the parent's hash table (at hashbrown's 7/8 max load
 /// factor, +1 control byte) and the allocator headers of its two vectors.
-const NODE_BASE: i64 = (mem::size_of::<(u64, Node)>() * 8 / 7 + 1 + 2 * 16) as i64;
+const NODE_BASE: i64 = (size_of::<(u64, Node)>() * 8 / 7 + 1 + 2 * 16) as i64;
 
 impl Node {
     fn cost(&self) -> i64 {

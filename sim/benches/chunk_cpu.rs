@@ -9,6 +9,8 @@
 //! as in a real engine, so nearly every chunk is its own write) and
 //! "saturated" (time_scale huge, the scheduler runs flat out).
 //! Env: SIM_BENCH_K (default 32), SIM_BENCH_N (default 400).
+// getrusage(RUSAGE_THREAD) through libc: unsafe by nature.
+#![allow(unsafe_code)]
 
 use std::time::{Duration, Instant};
 

@@ -405,7 +405,7 @@ impl Meta {
     }
 
     /// Non-stream response body.
-    pub fn full_response(&self, u: &Usage) -> Value {
+    pub(crate) fn full_response(&self, u: &Usage) -> Value {
         let text = self.text(u.completion);
         let fr = self.finish_reason();
         match self.api {
@@ -478,7 +478,7 @@ fn sse(out: &mut String, event: Option<&str>, data: &Value) {
 }
 
 impl StreamFmt {
-    pub fn new(meta: Meta, prompt_tokens: u32) -> Self {
+    pub(crate) fn new(meta: Meta, prompt_tokens: u32) -> Self {
         let id = Value::String(meta.id.clone());
         let model = Value::String(meta.model.clone());
         let fr = meta.finish_reason();
@@ -534,7 +534,7 @@ impl StreamFmt {
     }
 
     /// Events sent as soon as the stream starts.
-    pub fn start(&mut self, out: &mut String) {
+    pub(crate) fn start(&mut self, out: &mut String) {
         if self.meta.api == Api::Responses {
             let r = self.meta.response_object("in_progress", None, None);
             let s = self.next_seq();
@@ -572,7 +572,7 @@ impl StreamFmt {
     }
 
     /// Events sent when the request is admitted to the batch.
-    pub fn admitted(&mut self, out: &mut String, cached: u32) {
+    pub(crate) fn admitted(&mut self, out: &mut String, cached: u32) {
         match self.meta.api {
             Api::Chat => {
                 // head ends with `"content":"`; insert the role before it
@@ -606,7 +606,7 @@ impl StreamFmt {
     }
 
     /// One content chunk carrying the tokens generated up to `upto`.
-    pub fn tokens(&mut self, out: &mut String, upto: u32) {
+    pub(crate) fn tokens(&mut self, out: &mut String, upto: u32) {
         if upto <= self.sent {
             return;
         }
@@ -626,7 +626,7 @@ impl StreamFmt {
     }
 
     /// Closing events.
-    pub fn done(&mut self, out: &mut String, u: &Usage) {
+    pub(crate) fn done(&mut self, out: &mut String, u: &Usage) {
         self.finished = true;
         let m = &self.meta;
         match m.api {

@@ -172,7 +172,7 @@ fn secs(s: f64) -> Duration {
 }
 
 impl Engine {
-    pub fn new(cfg: Arc<SimConfig>) -> Arc<Self> {
+    pub(crate) fn new(cfg: Arc<SimConfig>) -> Arc<Self> {
         Arc::new(Engine {
             state: Mutex::new(State {
                 kv: KvCache::new(cfg.kv_blocks),
@@ -198,11 +198,11 @@ impl Engine {
     }
 
     /// Total KV blocks a request needs while running.
-    pub fn blocks_needed(&self, prompt_tokens: usize, output_tokens: usize) -> usize {
+    pub(crate) fn blocks_needed(&self, prompt_tokens: usize, output_tokens: usize) -> usize {
         (prompt_tokens + output_tokens).div_ceil(self.cfg.block_size)
     }
 
-    pub fn submit(&self, s: Submit) {
+    pub(crate) fn submit(&self, s: Submit) {
         let now = Instant::now();
         {
             let mut st = self.state.lock();
@@ -227,11 +227,11 @@ impl Engine {
         self.notify.notify_one();
     }
 
-    pub fn reset_prefix_cache(&self) {
+    pub(crate) fn reset_prefix_cache(&self) {
         self.state.lock().kv.reset();
     }
 
-    pub fn stats(&self) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
         let st = self.state.lock();
         Stats {
             running: st.running.len(),
@@ -250,7 +250,7 @@ impl Engine {
     }
 
     /// Prometheus text exposition with vLLM metric names.
-    pub fn render_metrics(&self) -> String {
+    pub(crate) fn render_metrics(&self) -> String {
         let (running, waiting, usage, m) = {
             let st = self.state.lock();
             (
@@ -359,7 +359,7 @@ impl Engine {
     }
 
     /// The scheduler loop; runs until aborted.
-    pub async fn run(self: Arc<Self>) {
+    pub(crate) async fn run(self: Arc<Self>) {
         let sleep = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(sleep);
         let mut step_deadline: Option<Instant> = None;

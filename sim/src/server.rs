@@ -59,7 +59,7 @@ fn unix_now() -> u64 {
 }
 
 impl Shared {
-    pub fn new(cfg: Arc<SimConfig>, engine: Arc<Engine>) -> Arc<Self> {
+    pub(crate) fn new(cfg: Arc<SimConfig>, engine: Arc<Engine>) -> Arc<Self> {
         let id_header = HeaderValue::from_str(&cfg.id).unwrap_or(HeaderValue::from_static("sim"));
         Arc::new(Shared {
             faults: RwLock::new(cfg.faults.clone()),

@@ -14,10 +14,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-pub const DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
 
 /// A running gateway process; killed on drop.
-pub struct GatewayProc {
+pub(crate) struct GatewayProc {
     pub child: Child,
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
@@ -28,7 +28,7 @@ pub struct GatewayProc {
 impl GatewayProc {
     /// Writes `yaml` (which must not set `listen` / `admin_listen`) to a temp file, adds
     /// loopback listeners on port 0, starts `tokengate serve` and waits for its listeners.
-    pub fn start(yaml: &str) -> GatewayProc {
+    pub(crate) fn start(yaml: &str) -> GatewayProc {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = dir.path().join("tokengate.yaml");
         let full =
@@ -87,25 +87,25 @@ impl GatewayProc {
     }
 
     /// The config file the gateway was started with (tests rewrite it to test reloads).
-    pub fn config_path(&self) -> PathBuf {
+    pub(crate) fn config_path(&self) -> PathBuf {
         self._dir.path().join("tokengate.yaml")
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.proxy, path)
     }
 
-    pub fn admin_url(&self, path: &str) -> String {
+    pub(crate) fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.admin, path)
     }
 
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Polls `/admin/instances` until every instance has zero in-flight requests, tokens and
     /// waiting requests, or panics at the deadline with the last snapshot.
-    pub async fn wait_idle(&self) -> serde_json::Value {
+    pub(crate) async fn wait_idle(&self) -> serde_json::Value {
         let deadline = Instant::now() + DEADLINE;
         loop {
             let v = self.instances().await;
@@ -123,7 +123,7 @@ impl GatewayProc {
     }
 
     /// `GET /admin/instances` as JSON.
-    pub async fn instances(&self) -> serde_json::Value {
+    pub(crate) async fn instances(&self) -> serde_json::Value {
         reqwest::get(self.admin_url("/admin/instances"))
             .await
             .unwrap()
@@ -132,7 +132,7 @@ impl GatewayProc {
             .unwrap()
     }
 
-    pub async fn metrics(&self) -> String {
+    pub(crate) async fn metrics(&self) -> String {
         reqwest::get(self.admin_url("/metrics"))
             .await
             .unwrap()
@@ -150,7 +150,7 @@ impl Drop for GatewayProc {
 }
 
 /// Polls `f` until it returns true or the deadline passes.
-pub async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
+pub(crate) async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
     what: &str,
     mut f: F,
 ) {
@@ -177,7 +177,7 @@ pub async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Output = boo
 ///   (counted in `peer_closed`);
 /// - `stall`: sends nothing at all until the peer closes.
 #[derive(Clone)]
-pub struct Mock {
+pub(crate) struct Mock {
     pub addr: SocketAddr,
     pub gate: Arc<Notify>,
     pub requests: Arc<AtomicU64>,
@@ -185,7 +185,7 @@ pub struct Mock {
 }
 
 impl Mock {
-    pub async fn start() -> Mock {
+    pub(crate) async fn start() -> Mock {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let m = Mock {
             addr: l.local_addr().unwrap(),
@@ -199,14 +199,14 @@ impl Mock {
                 let Ok((s, _)) = l.accept().await else { break };
                 let mm = mm.clone();
                 tokio::spawn(async move {
-                    let _ = mm.serve(s).await;
+                    let _ = Box::pin(mm.serve(s)).await;
                 });
             }
         });
         m
     }
 
-    pub fn release(&self) {
+    pub(crate) fn release(&self) {
         self.gate.notify_one();
     }
 
@@ -247,7 +247,7 @@ impl Mock {
             buf.clear();
             // Read the body.
             let body = if te.as_deref().is_some_and(|t| t.contains("chunked")) {
-                read_chunked(&mut s, &mut rest).await?
+                Box::pin(read_chunked(&mut s, &mut rest)).await?
             } else {
                 let n: usize = cl.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
                 while rest.len() < n {
@@ -404,7 +404,7 @@ async fn read_chunked(s: &mut TcpStream, rest: &mut Vec<u8>) -> std::io::Result<
 }
 
 /// A chat request body of at least `size` bytes.
-pub fn chat_body(model: &str, size: usize, stream: bool) -> Vec<u8> {
+pub(crate) fn chat_body(model: &str, size: usize, stream: bool) -> Vec<u8> {
     let base = format!(
         r#"{{"model":"{model}","stream":{stream},"max_tokens":8,"messages":[{{"role":"user","content":""}}]}}"#
     );
@@ -417,14 +417,14 @@ pub fn chat_body(model: &str, size: usize, stream: bool) -> Vec<u8> {
 }
 
 /// `body` sent chunked (`Transfer-Encoding: chunked`, pieces of `piece` bytes).
-pub fn chunked(body: &[u8], piece: usize) -> reqwest::Body {
+pub(crate) fn chunked(body: &[u8], piece: usize) -> reqwest::Body {
     let parts: Vec<Result<Vec<u8>, std::io::Error>> =
         body.chunks(piece).map(|p| Ok(p.to_vec())).collect();
     reqwest::Body::wrap_stream(futures_util::stream::iter(parts))
 }
 
 /// A service block for the YAML config.
-pub fn service(name: &str, instances: &[(&str, SocketAddr)]) -> String {
+pub(crate) fn service(name: &str, instances: &[(&str, SocketAddr)]) -> String {
     let mut s = format!("  - name: {name}\n    instances:\n");
     for (id, a) in instances {
         s.push_str(&format!("      - {{id: {id}, addr: \"{a}\"}}\n"));
@@ -433,13 +433,13 @@ pub fn service(name: &str, instances: &[(&str, SocketAddr)]) -> String {
 }
 
 /// A loopback address nobody listens on (bound, then closed).
-pub fn dead_addr() -> SocketAddr {
+pub(crate) fn dead_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
 }
 
 /// `n` engine-sims serving `model`, ids `{prefix}1..n`.
-pub async fn sims(
+pub(crate) async fn sims(
     n: usize,
     model: &str,
     prefix: &str,
@@ -462,7 +462,7 @@ pub async fn sims(
 }
 
 /// The instance list of a service block for `sims`.
-pub fn sim_instances(sims: &[engine_sim::SimHandle]) -> String {
+pub(crate) fn sim_instances(sims: &[engine_sim::SimHandle]) -> String {
     let mut s = String::from("    instances:\n");
     for h in sims {
         s.push_str(&format!(
@@ -475,7 +475,7 @@ pub fn sim_instances(sims: &[engine_sim::SimHandle]) -> String {
 }
 
 /// A metric's value from Prometheus text (first line starting with `name_and_labels `).
-pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())

@@ -6,14 +6,14 @@ use engine_sim::{SimConfig, SimHandle};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-pub fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap()
 }
 
-pub fn fast_cfg() -> SimConfig {
+pub(crate) fn fast_cfg() -> SimConfig {
     SimConfig {
         id: "sim-test".into(),
         time_scale: 20.0,
@@ -22,12 +22,12 @@ pub fn fast_cfg() -> SimConfig {
     }
 }
 
-pub async fn sim(cfg: SimConfig) -> SimHandle {
+pub(crate) async fn sim(cfg: SimConfig) -> SimHandle {
     engine_sim::spawn_local(cfg).await.unwrap()
 }
 
 /// A chat request body.
-pub fn chat(content: &str, max_tokens: u64, stream: bool) -> Value {
+pub(crate) fn chat(content: &str, max_tokens: u64, stream: bool) -> Value {
     json!({
         "model": "sim-model",
         "messages": [{"role": "user", "content": content}],
@@ -38,7 +38,7 @@ pub fn chat(content: &str, max_tokens: u64, stream: bool) -> Value {
 }
 
 /// Deterministic filler text of `n` bytes, varying with `seed`.
-pub fn text(seed: u32, n: usize) -> String {
+pub(crate) fn text(seed: u32, n: usize) -> String {
     let mut s = String::with_capacity(n);
     let mut x = seed.wrapping_mul(2654435761).wrapping_add(12345);
     while s.len() < n {
@@ -52,21 +52,21 @@ pub fn text(seed: u32, n: usize) -> String {
 
 /// One SSE event: (event name, data).
 #[derive(Debug, Clone)]
-pub struct Sse {
+pub(crate) struct Sse {
     pub event: Option<String>,
     pub data: String,
     pub at: Instant,
 }
 
 impl Sse {
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.data)
             .unwrap_or_else(|e| panic!("bad JSON in SSE data {:?}: {e}", self.data))
     }
 }
 
 /// Read a whole SSE response, time-stamping each event on arrival.
-pub async fn read_sse(resp: reqwest::Response) -> Result<Vec<Sse>, reqwest::Error> {
+pub(crate) async fn read_sse(resp: reqwest::Response) -> Result<Vec<Sse>, reqwest::Error> {
     let mut stream = resp.bytes_stream();
     let mut buf = String::new();
     let mut out = Vec::new();
@@ -95,7 +95,7 @@ pub async fn read_sse(resp: reqwest::Response) -> Result<Vec<Sse>, reqwest::Erro
     Ok(out)
 }
 
-pub async fn post(
+pub(crate) async fn post(
     c: &reqwest::Client,
     sim: &SimHandle,
     path: &str,
@@ -109,7 +109,7 @@ pub async fn post(
 }
 
 /// Non-stream chat request; returns the response JSON.
-pub async fn chat_json(
+pub(crate) async fn chat_json(
     c: &reqwest::Client,
     sim: &SimHandle,
     content: &str,
@@ -126,14 +126,14 @@ pub async fn chat_json(
     r.json().await.unwrap()
 }
 
-pub fn cached(v: &Value) -> u64 {
+pub(crate) fn cached(v: &Value) -> u64 {
     v["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap()
 }
 
 /// Scrape /metrics: value of the first sample whose line starts with `prefix`.
-pub async fn metric(c: &reqwest::Client, sim: &SimHandle, prefix: &str) -> f64 {
+pub(crate) async fn metric(c: &reqwest::Client, sim: &SimHandle, prefix: &str) -> f64 {
     let body = c
         .get(format!("{}/metrics", sim.url()))
         .send()
@@ -153,7 +153,7 @@ pub async fn metric(c: &reqwest::Client, sim: &SimHandle, prefix: &str) -> f64 {
 }
 
 /// Poll `f` until it returns true (up to 30 s).
-pub async fn eventually<F, Fut>(mut f: F)
+pub(crate) async fn eventually<F, Fut>(mut f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
