@@ -1,7 +1,9 @@
 //! The admin listener (default 127.0.0.1 only): `GET /health`, `GET /metrics` (Prometheus
 //! text), `GET /admin/instances` (JSON snapshot of the load table).
 
-use crate::proxy::Shared;
+use crate::clock::now_ms;
+use crate::request::admit::ct_eq;
+use crate::shared::Shared;
 use async_trait::async_trait;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
@@ -36,29 +38,30 @@ impl Admin {
                     .with_label_values(&id)
                     .set(l.inflight_tokens as i64);
                 m.waiting.with_label_values(&id).set(l.waiting as i64);
-                let h = i.health.view(crate::state::now_ms());
+                let h = i.health.view(now_ms());
                 m.available
                     .with_label_values(&id)
                     .set(i64::from(h.healthy && !h.ejected));
                 m.ejections.with_label_values(&id).set(h.ejections as i64);
             }
         }
-        for (name, s) in rt.schedulers() {
-            if matches!(s.picker, crate::state::Picker::Balance) {
-                continue;
-            }
-            let n = [name.as_str()];
+        for s in &rt.ordered {
+            let n = [s.name.as_str()];
             let g = s.index.gauges();
             m.index_nodes.with_label_values(&n).set(g.nodes as i64);
             m.index_bytes.with_label_values(&n).set(g.bytes as i64);
             m.index_evicted_bytes
                 .with_label_values(&n)
                 .set(g.evicted_bytes as i64);
-            m.sessions
-                .with_label_values(&n)
-                .set(s.sessions.gauges().entries as i64);
         }
-        m.update_ratios();
+        for (name, s) in rt.schedulers() {
+            if let Some(t) = &s.sessions {
+                m.sessions
+                    .with_label_values(&[name])
+                    .set(t.gauges().entries as i64);
+            }
+        }
+        m.update_ratios(rt.ordered.iter().map(|s| s.name.as_str()));
         m.render()
     }
 }
@@ -85,7 +88,7 @@ impl ServeHttp for Admin {
                         (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
                             .then(|| v[7..].trim_ascii())
                     });
-                if !presented.is_some_and(|p| crate::proxy::ct_eq(p, token)) {
+                if !presented.is_some_and(|p| ct_eq(p, token)) {
                     return resp(
                         401,
                         "application/json",

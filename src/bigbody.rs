@@ -3,10 +3,12 @@
 //! Pingora 0.9 replays a body read in `request_filter` from its retry buffer, which keeps at
 //! most 64 KiB; above that it forwards the request headers and never the body, and the
 //! engine waits forever. LLM prompts are often 100 KB to 1 MB. Instead of patching Pingora,
-//! the main request (which has read and parsed the whole body) runs the normal proxy
-//! pipeline as a *subrequest* (Pingora's subrequest API) and feeds it the body from memory.
-//! The subrequest has its own context and does its own routing, accounting and logging; the
-//! main request only pipes the subrequest's response tasks to the client.
+//! the main request (which has admitted the request, read and parsed the whole body, and
+//! planned it: destination, decision, the picked leg with its load guard) runs the normal
+//! proxy pipeline as a *subrequest* (Pingora's subrequest API) and feeds it the body from
+//! memory. The subrequest receives the plan and its legs in a [`Handoff`] and runs the same
+//! dispatch and complete phases ([`crate::request`]) as a small request would; the main
+//! request only pipes the subrequest's response tasks to the client.
 //!
 //! The subrequest session itself carries *no* body (`BodyMode::NoBody`: Pingora sees an
 //! empty request). The body travels in the [`Handoff`] and our `request_body_filter` emits it
@@ -24,7 +26,7 @@
 //! runs).
 
 use crate::error::GatewayError;
-use crate::proxy::{respond, Handoff};
+use crate::request::{respond, Handoff};
 use futures_util::FutureExt;
 use log::{debug, warn};
 use pingora::prelude::*;

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
-use tokengate_plugins::LbPolicy;
+use tokengate_plugins::{AffinityMode, LbPolicy};
 
 /// Default `max_body_bytes`: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -85,8 +85,8 @@ pub enum SchedulerConfig {
 #[serde(deny_unknown_fields)]
 pub struct AffinitySettings {
     /// `soft` (escape an overloaded instance) or `strict` (always the bound instance).
-    #[serde(default = "d_soft")]
-    pub mode: String,
+    #[serde(default)]
+    pub mode: AffinityMode,
     /// Request headers carrying the session key, first present wins.
     #[serde(default = "d_session_headers")]
     pub headers: Vec<String>,
@@ -124,20 +124,113 @@ pub struct PolicySettings {
     /// `body:prompt_cache_key` / `body:user` / `body:metadata.user_id` (body keys count only
     /// on /v1/responses and /v1/messages).
     #[serde(default = "d_session_chain")]
-    pub session_keys: Vec<String>,
+    pub session_keys: Vec<KeySource>,
     /// Session binding lifetime.
     #[serde(default = "d_session_ttl", with = "humantime_serde")]
     pub session_ttl: Duration,
+    /// Most session bindings kept; the least recently used are evicted.
+    #[serde(default = "d_max_entries")]
+    pub session_max_entries: usize,
 }
 
+/// A policy plugin: `kind` names it, the other keys are its own parameters.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PluginSettings {
-    /// `session-affinity`, `least-inflight`, `least-token`, `prefix-cache`, `decision-service`.
-    pub kind: String,
-    /// Positive weight; default 1 (decision-service: 10).
-    #[serde(default)]
-    pub weight: Option<f64>,
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum PluginSettings {
+    /// `2^-rank` in the session's preference order (bound instance first).
+    SessionAffinity {
+        #[serde(default)]
+        weight: Option<f64>,
+    },
+    /// `1 / (1 + in-flight requests)`.
+    LeastInflight {
+        #[serde(default)]
+        weight: Option<f64>,
+    },
+    /// `1 / (1 + in-flight tokens / token_scale)`.
+    LeastToken {
+        #[serde(default)]
+        weight: Option<f64>,
+        /// Tokens that weigh as much as one request does for least-inflight (default 1000).
+        #[serde(default = "d_token_scale")]
+        token_scale: f64,
+    },
+    /// Share of the prompt cached on the instance; matches below `min_hit_ratio` score 0.
+    PrefixCache {
+        #[serde(default)]
+        weight: Option<f64>,
+        #[serde(default = "d_min_hit")]
+        min_hit_ratio: f64,
+    },
+    /// Routes only: ask the route's decision model which target fits; its answer restricts
+    /// the candidates to that target (a filter, so it has no weight).
+    DecisionService {
+        /// Rejected with an explanation (a filter has no weight); kept so that the error
+        /// names it instead of "unknown field".
+        #[serde(default)]
+        weight: Option<f64>,
+    },
+}
+
+impl PluginSettings {
+    /// The config name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PluginSettings::SessionAffinity { .. } => "session-affinity",
+            PluginSettings::LeastInflight { .. } => "least-inflight",
+            PluginSettings::LeastToken { .. } => "least-token",
+            PluginSettings::PrefixCache { .. } => "prefix-cache",
+            PluginSettings::DecisionService { .. } => "decision-service",
+        }
+    }
+
+    /// The configured weight (`None`: default 1).
+    pub fn weight(&self) -> Option<f64> {
+        match self {
+            PluginSettings::SessionAffinity { weight }
+            | PluginSettings::LeastInflight { weight }
+            | PluginSettings::LeastToken { weight, .. }
+            | PluginSettings::PrefixCache { weight, .. }
+            | PluginSettings::DecisionService { weight } => *weight,
+        }
+    }
+}
+
+/// Where a session key is read from: `header:NAME` (case-insensitive), or a body field
+/// (`body:prompt_cache_key`, `body:user`, `body:metadata.user_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// A request header, lower-cased.
+    Header(String),
+    PromptCacheKey,
+    User,
+    MetadataUserId,
+}
+
+impl KeySource {
+    fn parse(s: &str) -> Result<KeySource, String> {
+        if let Some(h) = s.strip_prefix("header:") {
+            if h.is_empty() || http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                return Err(format!("{s:?}: not a valid header name"));
+            }
+            return Ok(KeySource::Header(h.to_ascii_lowercase()));
+        }
+        match s {
+            "body:prompt_cache_key" => Ok(KeySource::PromptCacheKey),
+            "body:user" => Ok(KeySource::User),
+            "body:metadata.user_id" => Ok(KeySource::MetadataUserId),
+            _ => Err(format!(
+                "{s:?} is not header:NAME, body:prompt_cache_key, body:user or body:metadata.user_id"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for KeySource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        KeySource::parse(&s).map_err(serde::de::Error::custom)
+    }
 }
 
 /// Settings of the prefix index (shared by layered and policy schedulers).
@@ -186,16 +279,35 @@ pub struct RouteConfig {
     /// The `model` clients send, e.g. `qwen3`.
     pub name: String,
     pub targets: Vec<TargetConfig>,
-    /// `round-robin` (every instance of every target in turn), `weight` (each target's
-    /// weight is its share of traffic), or `policy`. Default: `policy` when `policy` is
-    /// set, else `weight` when any target has a weight, else `round-robin`.
+    /// `round-robin` (the targets in turn), `weight` (each target's weight is its share of
+    /// traffic), or `policy` (scoring across every target's instances). Default: `policy`
+    /// when `policy` is set, else `weight` when any target has a weight, else `round-robin`.
     #[serde(default)]
-    pub route_by: Option<String>,
+    pub route_by: Option<RouteBy>,
     #[serde(default)]
     pub policy: Option<PolicySettings>,
     /// The decision service, used by a `decision-service` plugin.
     #[serde(default)]
     pub decision: Option<DecisionSettings>,
+}
+
+/// How a route spreads over its targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouteBy {
+    RoundRobin,
+    Weight,
+    Policy,
+}
+
+impl RouteBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteBy::RoundRobin => "round-robin",
+            RouteBy::Weight => "weight",
+            RouteBy::Policy => "policy",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -216,6 +328,9 @@ pub struct TargetConfig {
 pub struct DecisionSettings {
     /// A provider name from `providers`.
     pub provider: String,
+    /// The model to ask; default: the provider's `model`.
+    #[serde(default)]
+    pub model: Option<String>,
     /// What the decision model is told before the targets' criteria.
     #[serde(default = "d_instructions")]
     pub instructions: String,
@@ -233,21 +348,20 @@ pub struct ProviderConfig {
     pub base_url: String,
     #[serde(default)]
     pub api_key: Option<String>,
-    /// The model to ask, e.g. `jev-latest`.
-    pub model: String,
+    /// The model routes ask by default, e.g. `jev-latest` (a route's `decision.model`
+    /// overrides it).
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
-fn d_soft() -> String {
-    "soft".into()
-}
 fn d_session_headers() -> Vec<String> {
     vec!["x-session-id".into(), "x-claude-code-session-id".into()]
 }
-fn d_session_chain() -> Vec<String> {
+fn d_session_chain() -> Vec<KeySource> {
     vec![
-        "header:session-id".into(),
-        "header:x-client-request-id".into(),
-        "body:prompt_cache_key".into(),
+        KeySource::Header("session-id".into()),
+        KeySource::Header("x-client-request-id".into()),
+        KeySource::PromptCacheKey,
     ]
 }
 fn d_ratio() -> f64 {
@@ -258,6 +372,9 @@ fn d_session_ttl() -> Duration {
 }
 fn d_max_entries() -> usize {
     100_000
+}
+fn d_token_scale() -> f64 {
+    1000.0
 }
 fn d_min_hit() -> f64 {
     0.5
@@ -284,15 +401,6 @@ fn d_instructions() -> String {
 fn d_decision_timeout() -> Duration {
     Duration::from_secs(2)
 }
-
-/// Plugin names of the config.
-pub const PLUGIN_KINDS: &[&str] = &[
-    "session-affinity",
-    "least-inflight",
-    "least-token",
-    "prefix-cache",
-    "decision-service",
-];
 
 /// Active health checks: `GET path` on every instance every `interval`.
 #[derive(Debug, Clone, Deserialize)]
@@ -443,8 +551,8 @@ pub struct ServiceConfig {
     /// The model name clients send (`"model": "qwen3-32b"`).
     pub name: String,
     /// `least-token` (default), `least-request` or `round-robin`.
-    #[serde(default = "default_lb")]
-    pub load_balancing: String,
+    #[serde(default)]
+    pub load_balancing: LbPolicy,
     /// Layered or policy scheduling; absent = `load_balancing` alone.
     #[serde(default)]
     pub scheduler: Option<SchedulerConfig>,
@@ -473,9 +581,6 @@ fn default_admin_listen() -> String {
 }
 fn default_max_body() -> usize {
     DEFAULT_MAX_BODY_BYTES
-}
-fn default_lb() -> String {
-    "least-token".into()
 }
 fn d_grace() -> Duration {
     Duration::from_secs(30)
@@ -597,12 +702,6 @@ impl Config {
                     s.name
                 ));
             }
-            if LbPolicy::parse(&s.load_balancing).is_none() {
-                errs.push(format!(
-                    "services[{si}].load_balancing: unknown policy {:?} (expected least-token, least-request or round-robin)",
-                    s.load_balancing
-                ));
-            }
             if s.instances.is_empty() {
                 errs.push(format!(
                     "services[{si}].instances: at least one instance is required"
@@ -714,7 +813,7 @@ impl Config {
                 }
             }
             match r.route_by() {
-                Some("weight") => {
+                RouteBy::Weight => {
                     for (ti, t) in r.targets.iter().enumerate() {
                         if t.weight.is_none() {
                             errs.push(format!(
@@ -726,24 +825,24 @@ impl Config {
                         errs.push(format!("{p}.targets: at least one weight must be positive"));
                     }
                 }
-                Some("policy") => match &r.policy {
+                RouteBy::Policy => match &r.policy {
                     None => errs.push(format!("{p}.policy: required when route_by is policy")),
                     Some(ps) => {
                         validate_policy(ps, &format!("{p}.policy"), &mut errs);
-                        let wants_decision =
-                            ps.plugins.iter().any(|x| x.kind == "decision-service");
-                        if wants_decision && r.decision.is_none() {
+                        if r.uses_decision() && r.decision.is_none() {
                             errs.push(format!(
                                 "{p}.decision: required by the decision-service plugin"
                             ));
                         }
                     }
                 },
-                Some("round-robin") => {}
-                other => errs.push(format!(
-                    "{p}.route_by: unknown mode {:?} (expected round-robin, weight or policy)",
-                    other.unwrap_or_default()
-                )),
+                RouteBy::RoundRobin => {}
+            }
+            if r.policy.is_some() && r.route_by() != RouteBy::Policy {
+                errs.push(format!(
+                    "{p}.policy: only used when route_by is policy (it is {})",
+                    r.route_by().as_str()
+                ));
             }
             if let Some(d) = &r.decision {
                 if !pnames.contains(d.provider.as_str()) {
@@ -754,6 +853,22 @@ impl Config {
                 }
                 if d.timeout.is_zero() {
                     errs.push(format!("{p}.decision.timeout: must be greater than 0"));
+                }
+                let provider_model = self
+                    .providers
+                    .iter()
+                    .find(|x| x.name == d.provider)
+                    .and_then(|x| x.model.as_deref());
+                if pnames.contains(d.provider.as_str())
+                    && d.model
+                        .as_deref()
+                        .or(provider_model)
+                        .is_none_or(str::is_empty)
+                {
+                    errs.push(format!(
+                        "{p}.decision.model: required (provider {:?} names no model)",
+                        d.provider
+                    ));
                 }
             }
         }
@@ -777,21 +892,41 @@ impl Config {
         }
     }
 
-    /// The load-balancing policy of service `i` (validated).
-    pub fn lb_policy(s: &ServiceConfig) -> LbPolicy {
-        LbPolicy::parse(&s.load_balancing).unwrap_or_default()
+    /// Things that are valid but probably not what was meant; logged at start and reload,
+    /// printed by `tokengate check`.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        for (ri, r) in self.routes.iter().enumerate() {
+            if r.decision.is_some() && !r.uses_decision() {
+                w.push(format!(
+                    "routes[{ri}].decision: set, but no decision-service plugin in routes[{ri}].policy.plugins uses it; the decision model is never asked"
+                ));
+            }
+        }
+        w
     }
 }
 
 impl RouteConfig {
     /// The effective `route_by`.
-    pub fn route_by(&self) -> Option<&str> {
-        match self.route_by.as_deref() {
-            Some(m) => Some(m),
-            None if self.policy.is_some() => Some("policy"),
-            None if self.targets.iter().any(|t| t.weight.is_some()) => Some("weight"),
-            None => Some("round-robin"),
+    pub fn route_by(&self) -> RouteBy {
+        match self.route_by {
+            Some(m) => m,
+            None if self.policy.is_some() => RouteBy::Policy,
+            None if self.targets.iter().any(|t| t.weight.is_some()) => RouteBy::Weight,
+            None => RouteBy::RoundRobin,
         }
+    }
+
+    /// Whether the route's policy has a decision-service plugin (and so asks its decision
+    /// model).
+    pub fn uses_decision(&self) -> bool {
+        self.route_by() == RouteBy::Policy
+            && self.policy.as_ref().is_some_and(|ps| {
+                ps.plugins
+                    .iter()
+                    .any(|x| matches!(x, PluginSettings::DecisionService { .. }))
+            })
     }
 }
 
@@ -799,16 +934,17 @@ fn validate_scheduler(sc: &SchedulerConfig, p: &str, errs: &mut Vec<String>) {
     match sc {
         SchedulerConfig::Layered { affinity, prefix } => {
             if let Some(a) = affinity {
-                if a.mode != "soft" && a.mode != "strict" {
-                    errs.push(format!(
-                        "{p}.affinity.mode: unknown mode {:?} (expected soft or strict)",
-                        a.mode
-                    ));
-                }
                 if a.headers.is_empty() {
                     errs.push(format!(
                         "{p}.affinity.headers: at least one header is required"
                     ));
+                }
+                for (i, h) in a.headers.iter().enumerate() {
+                    if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                        errs.push(format!(
+                            "{p}.affinity.headers[{i}]: {h:?} is not a valid header name"
+                        ));
+                    }
                 }
                 if a.soft_max_load_ratio.is_nan() || a.soft_max_load_ratio < 1.0 {
                     errs.push(format!("{p}.affinity.soft_max_load_ratio: must be >= 1.0"));
@@ -831,10 +967,12 @@ fn validate_scheduler(sc: &SchedulerConfig, p: &str, errs: &mut Vec<String>) {
         }
         SchedulerConfig::Policy(ps) => {
             validate_policy(ps, p, errs);
-            if ps.plugins.iter().any(|x| x.kind == "decision-service") {
-                errs.push(format!(
-                    "{p}.plugins: decision-service chooses between a route's targets; use it in routes[].policy"
-                ));
+            for (i, x) in ps.plugins.iter().enumerate() {
+                if matches!(x, PluginSettings::DecisionService { .. }) {
+                    errs.push(format!(
+                        "{p}.plugins[{i}]: decision-service chooses between a route's targets; use it in routes[].policy"
+                    ));
+                }
             }
         }
     }
@@ -844,33 +982,58 @@ fn validate_policy(ps: &PolicySettings, p: &str, errs: &mut Vec<String>) {
     if ps.plugins.is_empty() {
         errs.push(format!("{p}.plugins: at least one plugin is required"));
     }
+    let mut scorers = 0;
+    let mut decisions = 0;
     for (i, x) in ps.plugins.iter().enumerate() {
-        if !PLUGIN_KINDS.contains(&x.kind.as_str()) {
-            errs.push(format!(
-                "{p}.plugins[{i}].kind: unknown plugin {:?} (expected one of {})",
-                x.kind,
-                PLUGIN_KINDS.join(", ")
-            ));
-        }
-        if let Some(w) = x.weight {
-            if !(w.is_finite() && w > 0.0) {
-                errs.push(format!(
-                    "{p}.plugins[{i}].weight: must be a positive number"
-                ));
+        match x {
+            PluginSettings::DecisionService { weight } => {
+                decisions += 1;
+                if weight.is_some() {
+                    errs.push(format!(
+                        "{p}.plugins[{i}].weight: decision-service has no weight: its answer restricts the candidates to the target it names (remove the weight)"
+                    ));
+                }
+            }
+            other => {
+                scorers += 1;
+                if let Some(w) = other.weight() {
+                    if !(w.is_finite() && w > 0.0) {
+                        errs.push(format!(
+                            "{p}.plugins[{i}].weight: must be a positive number"
+                        ));
+                    }
+                }
             }
         }
-    }
-    for (i, k) in ps.session_keys.iter().enumerate() {
-        let ok = k.strip_prefix("header:").is_some_and(|h| !h.is_empty())
-            || matches!(
-                k.as_str(),
-                "body:prompt_cache_key" | "body:user" | "body:metadata.user_id"
-            );
-        if !ok {
-            errs.push(format!(
-                "{p}.session_keys[{i}]: {k:?} is not header:NAME, body:prompt_cache_key, body:user or body:metadata.user_id"
-            ));
+        match x {
+            PluginSettings::LeastToken { token_scale, .. }
+                if !(token_scale.is_finite() && *token_scale > 0.0) =>
+            {
+                errs.push(format!(
+                    "{p}.plugins[{i}].token_scale: must be a positive number"
+                ));
+            }
+            PluginSettings::PrefixCache { min_hit_ratio, .. }
+                if !(0.0..=1.0).contains(min_hit_ratio) =>
+            {
+                errs.push(format!("{p}.plugins[{i}].min_hit_ratio: must be in [0, 1]"));
+            }
+            _ => {}
         }
+    }
+    if decisions > 1 {
+        errs.push(format!("{p}.plugins: decision-service is listed twice"));
+    }
+    if !ps.plugins.is_empty() && scorers == 0 {
+        errs.push(format!(
+            "{p}.plugins: at least one scoring plugin is required besides decision-service (e.g. least-inflight)"
+        ));
+    }
+    if ps.session_max_entries == 0 {
+        errs.push(format!("{p}.session_max_entries: must be at least 1"));
+    }
+    if ps.session_ttl.is_zero() {
+        errs.push(format!("{p}.session_ttl: must be greater than 0"));
     }
 }
 
@@ -901,14 +1064,10 @@ mod tests {
 
     #[test]
     fn semantic_errors_are_all_reported_with_paths() {
-        let y = "listen: [nope]\nservices:\n  - name: m\n    load_balancing: random\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n  - name: m\n    instances:\n      - {id: a, addr: localhost}\n";
+        let y = "listen: [nope]\nservices:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n  - name: m\n    instances:\n      - {id: a, addr: localhost}\n";
         let e = Config::from_yaml(y).unwrap_err().0;
         let all = e.join("\n");
         assert!(all.contains("listen[0]: invalid socket address"), "{all}");
-        assert!(
-            all.contains("services[0].load_balancing: unknown policy"),
-            "{all}"
-        );
         assert!(all.contains("services[1].name: duplicate service"), "{all}");
         assert!(
             all.contains("services[1].instances[0].id: duplicate"),
@@ -971,6 +1130,126 @@ mod tests {
         assert!(
             e.contains("timeouts.client_body: must be greater than 0"),
             "{e}"
+        );
+    }
+
+    /// Every enum-like key is a serde enum: a wrong name is an error at its YAML path that
+    /// lists the accepted names.
+    #[test]
+    fn enum_keys_name_their_path_and_the_accepted_values() {
+        let cases = [
+            (
+                "services:\n  - name: m\n    load_balancing: random\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
+                "services[0].load_balancing: unknown variant `random`, expected one of `least-token`, `least-request`, `round-robin`",
+            ),
+            (
+                "services:\n  - name: m\n    scheduler: {mode: layered, affinity: {mode: sticky}}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
+                "unknown variant `sticky`, expected `soft` or `strict`",
+            ),
+            (
+                "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: fastest}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
+                "unknown variant `fastest`, expected one of `session-affinity`, `least-inflight`, `least-token`, `prefix-cache`, `decision-service`",
+            ),
+            (
+                "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: least-inflight, token_scale: 5}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
+                "unknown field `token_scale`",
+            ),
+            (
+                "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: least-inflight}], session_keys: [cookie:x]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
+                "\"cookie:x\" is not header:NAME, body:prompt_cache_key, body:user or body:metadata.user_id",
+            ),
+            (
+                "services:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\nroutes:\n  - {name: r, route_by: random, targets: [{service: m}]}\n",
+                "routes[0].route_by: unknown variant `random`, expected one of `round-robin`, `weight`, `policy`",
+            ),
+        ];
+        for (y, want) in cases {
+            let e = Config::from_yaml(y).unwrap_err().to_string();
+            assert!(e.contains(want), "{y}\n=> {e}");
+        }
+    }
+
+    #[test]
+    fn plugin_parameters_are_typed_and_checked() {
+        let y = "services:\n  - name: m\n    scheduler:\n      mode: policy\n      plugins:\n        - {kind: least-token, token_scale: 500, weight: 2}\n        - {kind: prefix-cache, min_hit_ratio: 0.2}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n";
+        let c = Config::from_yaml(y).unwrap();
+        let Some(SchedulerConfig::Policy(ps)) = &c.services[0].scheduler else {
+            panic!("policy expected")
+        };
+        assert!(matches!(
+            ps.plugins[0],
+            PluginSettings::LeastToken { weight: Some(w), token_scale } if w == 2.0 && token_scale == 500.0
+        ));
+        assert!(matches!(
+            ps.plugins[1],
+            PluginSettings::PrefixCache { weight: None, min_hit_ratio } if min_hit_ratio == 0.2
+        ));
+        assert_eq!(ps.session_max_entries, 100_000);
+        let bad = y
+            .replace("token_scale: 500", "token_scale: 0")
+            .replace("0.2", "1.5");
+        let e = Config::from_yaml(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("services[0].scheduler.plugins[0].token_scale: must be a positive number"),
+            "{e}"
+        );
+        assert!(
+            e.contains("services[0].scheduler.plugins[1].min_hit_ratio: must be in [0, 1]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn decision_service_is_a_filter_with_a_model_per_route() {
+        let base = "services:\n  - name: a\n    instances:\n      - {id: a1, addr: 127.0.0.1:8000}\n  - name: b\n    instances:\n      - {id: b1, addr: 127.0.0.1:8001}\nproviders:\n  - {name: p, base_url: \"http://127.0.0.1:1/v1\"}\n";
+        let route = |plugins: &str, decision: &str| {
+            format!("{base}routes:\n  - name: r\n    targets: [{{service: a}}, {{service: b}}]\n    policy: {{plugins: [{plugins}]}}\n{decision}")
+        };
+        // A provider without a model needs the route to name one.
+        let e = Config::from_yaml(&route(
+            "{kind: decision-service}, {kind: least-inflight}",
+            "    decision: {provider: p}\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("routes[0].decision.model: required"), "{e}");
+        let c = Config::from_yaml(&route(
+            "{kind: decision-service}, {kind: least-inflight}",
+            "    decision: {provider: p, model: judge-1}\n",
+        ))
+        .unwrap();
+        assert!(c.routes[0].uses_decision());
+        assert!(c.warnings().is_empty());
+        // A weight on the filter is explained, not ignored.
+        let e = Config::from_yaml(&route(
+            "{kind: decision-service, weight: 10}, {kind: least-inflight}",
+            "    decision: {provider: p, model: m}\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("routes[0].policy.plugins[0].weight: decision-service has no weight"),
+            "{e}"
+        );
+        // The filter alone cannot pick an instance.
+        let e = Config::from_yaml(&route(
+            "{kind: decision-service}",
+            "    decision: {provider: p, model: m}\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("at least one scoring plugin"), "{e}");
+        // A decision block nothing uses: valid, with a warning.
+        let c = Config::from_yaml(&route(
+            "{kind: least-inflight}",
+            "    decision: {provider: p, model: m}\n",
+        ))
+        .unwrap();
+        assert!(!c.routes[0].uses_decision());
+        assert!(
+            c.warnings()[0].contains("the decision model is never asked"),
+            "{:?}",
+            c.warnings()
         );
     }
 }

@@ -53,7 +53,21 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
     }
     // Decision models on loopback (routes' decision services) are played by engine-sims in
     // decision mode.
+    let route_models: Vec<(String, String)> = cfg
+        .routes
+        .iter()
+        .filter_map(|r| r.decision.as_ref())
+        .filter_map(|d| Some((d.provider.clone(), d.model.clone()?)))
+        .collect();
     for p in &mut cfg.providers {
+        // The model the sim serves: the provider's, else the first route's that asks it.
+        let model = p.model.clone().or_else(|| {
+            route_models
+                .iter()
+                .find(|(n, _)| *n == p.name)
+                .map(|(_, m)| m.clone())
+        });
+        let Some(model) = model else { continue };
         let Some(hostport) = p
             .base_url
             .strip_prefix("http://")
@@ -65,7 +79,7 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
         };
         let sim = engine_sim::SimConfig {
             id: p.name.clone(),
-            model: p.model.clone(),
+            model,
             time_scale: opts.time_scale,
             decision_mode: true,
             ..engine_sim::SimConfig::default()
@@ -108,7 +122,9 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
             writeln!(
                 out,
                 "  decision model {} ({}) at {}",
-                p.name, p.model, p.base_url
+                p.name,
+                p.model.as_deref().unwrap_or("per route"),
+                p.base_url
             )?;
         }
         for r in &cfg.routes {

@@ -7,8 +7,9 @@
 //!   5xx, dying mid-response) eject the instance for `passive.eject_for`; it is re-admitted
 //!   when that backoff ends (the next failure ejects it again).
 //!
-//! An instance that is unhealthy or ejected leaves the candidate set at once; when no
-//! instance of a destination is available the request gets a 503.
+//! An instance that is unhealthy or ejected leaves the candidate set at once (the pipelines'
+//! `Available` filter); when no instance of a destination is available the request gets a
+//! 503. This module holds the state; the checks run in [`crate::background::health_checks`].
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -99,48 +100,6 @@ impl Health {
             return true;
         }
         false
-    }
-}
-
-/// Runs the active checks until `stop` fires (reads the current config every round, so
-/// reloads apply).
-pub async fn run_checks(
-    shared: std::sync::Arc<crate::proxy::Shared>,
-    mut stop: pingora::server::ShutdownWatch,
-) {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(1)
-        .build()
-        .unwrap_or_default();
-    loop {
-        let rt = shared.runtime.load_full();
-        let hc = rt.health_check.clone();
-        if hc.enabled {
-            let checks = rt.ordered.iter().flat_map(|s| s.instances.iter()).map(|i| {
-                let url = format!("http://{}{}", i.addr, hc.path);
-                let client = client.clone();
-                let i = i.clone();
-                let hc = hc.clone();
-                async move {
-                    let ok = matches!(
-                        tokio::time::timeout(hc.timeout, client.get(&url).send()).await,
-                        Ok(Ok(r)) if r.status().is_success()
-                    );
-                    match i.health.on_check(ok, hc.rise, hc.fall) {
-                        Some(true) => log::warn!("instance {} is healthy again ({url})", i.id),
-                        Some(false) => log::warn!(
-                            "instance {} is unhealthy: {} failed checks of {url}; it gets no requests",
-                            i.id, hc.fall
-                        ),
-                        None => {}
-                    }
-                }
-            });
-            futures_util::future::join_all(checks).await;
-        }
-        if !crate::maintenance::sleep_or_stop(hc.interval, &mut stop).await {
-            return;
-        }
     }
 }
 

@@ -1,23 +1,37 @@
 //! tokengate: an LLM inference gateway on Cloudflare Pingora.
 //!
-//! `src/` holds the gateway (Pingora glue, config, APIs, state); `plugins/` the pure routing
-//! logic; `sim/` engine-sim, the fake inference engine used by tests and benchmarks.
+//! `src/` holds the gateway only (Pingora glue, config, APIs, state, control loops);
+//! `plugins/` the pure routing logic; `sim/` engine-sim; `bench/` the benchmark tool.
+//!
+//! Modules, bottom-up (each imports only modules above it; `tests/module_graph.rs` checks it):
+//!
+//! | layer | modules |
+//! |---|---|
+//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`transport`], [`config`], [`decision`] |
+//! | state | [`pipelines`] (config → pipelines), [`runtime`] (services, routes, instances), [`shared`] |
+//! | one request | [`request`] (admit → plan → dispatch → complete), [`bigbody`], [`proxy`] (Pingora hooks) |
+//! | around requests | [`background`] (health checks, maintenance), [`reload`], [`admin`] |
+//! | process | [`server`], [`demo`] |
 
 pub mod admin;
 pub mod api;
+pub mod background;
 pub mod bigbody;
+pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod demo;
 pub mod error;
 pub mod health;
 pub mod load;
-pub mod maintenance;
+pub mod memory;
 pub mod metrics;
+pub mod pipelines;
 pub mod proxy;
 pub mod reload;
-pub mod schedule;
+pub mod request;
+pub mod runtime;
 pub mod server;
-pub mod state;
+pub mod shared;
 pub mod transport;
 pub mod usage;

@@ -1,9 +1,10 @@
 //! The load table: per-instance counters that every scheduling decision reads, and the RAII
 //! guard that keeps them honest.
 //!
-//! A request acquires a [`LoadGuard`] when it is dispatched to an instance (in-flight requests
-//! +1, in-flight tokens +estimate, waiting +1), marks its first byte (waiting −1) and finishes
-//! with an outcome (completed or errors +1). Whatever path the request takes (success,
+//! A request acquires a [`LoadGuard`] when it is planned onto an instance (in-flight requests
+//! +1, in-flight tokens +estimate, waiting +1), marks its first token (waiting −1: the end of
+//! the prefill phase, which includes queueing in the engine — not the response header, which
+//! engines send before prefill) and finishes with an outcome (completed or errors +1). Whatever path the request takes (success,
 //! upstream error, the upstream dying mid-stream, the client hanging up, a retry to another
 //! instance, a panic unwinding the task), the guard's `Drop` gives back exactly what it took,
 //! once.
@@ -27,6 +28,7 @@ pub struct InstanceLoad {
 pub struct LoadSnapshot {
     pub inflight_requests: u64,
     pub inflight_tokens: u64,
+    /// In the prefill phase: dispatched, no first token yet.
     pub waiting: u64,
     pub completed: u64,
     pub errors: u64,
@@ -52,15 +54,7 @@ pub trait HasLoad: Send + Sync {
     fn load(&self) -> &InstanceLoad;
 }
 
-/// How a dispatched request ended, for the counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Completed,
-    /// The instance failed (connect, status >= 500, died mid-response, timed out).
-    Failed,
-    /// The client went away; not the instance's fault.
-    Cancelled,
-}
+pub use tokengate_plugins::Outcome;
 
 /// The RAII handle of one dispatch. See the module docs.
 #[derive(Debug)]
@@ -90,8 +84,8 @@ impl<I: HasLoad> LoadGuard<I> {
         &self.inst
     }
 
-    /// The first response byte arrived: the request is no longer waiting. Idempotent.
-    pub fn first_byte(&mut self) {
+    /// The first token arrived: the prefill phase is over (no longer waiting). Idempotent.
+    pub fn first_token(&mut self) {
         if std::mem::take(&mut self.waiting) {
             self.inst.load().waiting.fetch_sub(1, Relaxed);
         }
@@ -100,6 +94,11 @@ impl<I: HasLoad> LoadGuard<I> {
     /// Records how the request ended (the last call wins) and releases its load on drop.
     pub fn set_outcome(&mut self, o: Outcome) {
         self.outcome = Some(o);
+    }
+
+    /// Still in the prefill phase (no first token yet).
+    pub fn is_waiting(&self) -> bool {
+        self.waiting
     }
 
     /// Records the outcome and releases the counters now.
@@ -149,8 +148,8 @@ mod tests {
             (s.inflight_requests, s.inflight_tokens, s.waiting),
             (4, 158, 4)
         );
-        a.first_byte();
-        a.first_byte();
+        a.first_token();
+        a.first_token();
         assert_eq!(i.0.snapshot().waiting, 3);
         a.finish(Outcome::Completed);
         b.finish(Outcome::Failed);

@@ -53,8 +53,9 @@ enum Cmd {
     /// OpenAI-compatible URL and report TTFT, latency, throughput, cache hits and load spread.
     #[command(subcommand)]
     Bench(BenchCmd),
-    /// Validate a config file: exit 0 when valid; otherwise print every error with its YAML
-    /// path (e.g. `services[1].instances[0].addr: invalid socket address`) and exit 1.
+    /// Validate a config file: exit 0 when valid (printing warnings about settings that have
+    /// no effect); otherwise print every error with its YAML path (e.g.
+    /// `services[1].instances[0].addr: invalid socket address`) and exit 1.
     Check {
         /// The config file to check.
         #[arg(short, long, value_name = "FILE")]
@@ -82,8 +83,15 @@ fn init_logging() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Check { config } => match Config::load(&config) {
+        Cmd::Check { config } => match Config::load(&config).and_then(|c| {
+            // Build it too: what a running gateway would build must build.
+            tokengate::runtime::Runtime::build(&c, None, &tokengate::metrics::Metrics::new())?;
+            Ok(c)
+        }) {
             Ok(c) => {
+                for w in c.warnings() {
+                    eprintln!("  warning: {w}");
+                }
                 let n: usize = c.services.iter().map(|s| s.instances.len()).sum();
                 println!(
                     "{}: ok ({} services, {} instances)",

@@ -1,10 +1,12 @@
 //! Prometheus metrics, served as text on the admin listener's `/metrics`.
 //!
-//! Counters and histograms are updated once per request in the `logging` hook; the in-flight
-//! gauges are copied from the load table when scraped, so the hot path pays nothing for them.
+//! Counters and histograms are updated once per request when it completes
+//! ([`crate::request::complete`]); the in-flight gauges are copied from the load table when
+//! scraped, so the hot path pays nothing for them.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -18,16 +20,12 @@ pub struct Metrics {
     pub duration: HistogramVec,
     pub ttft: HistogramVec,
     pub tokens: IntCounterVec,
-    /// `tokens{kind=prompt|completion|cached}`, resolved once (counted on every request).
-    pub tokens_prompt: prometheus::IntCounter,
-    pub tokens_completion: prometheus::IntCounter,
-    pub tokens_cached: prometheus::IntCounter,
     pub inflight_requests: IntGaugeVec,
     pub inflight_tokens: IntGaugeVec,
     pub waiting: IntGaugeVec,
     pub decisions: IntCounterVec,
-    /// Prefix-aware requests: estimated prompt tokens, the best match over all instances
-    /// (ceiling) and the match on the chosen instance (predicted).
+    /// Per service: estimated prompt tokens, the best match over all instances (ceiling) and
+    /// the match on the chosen instance (predicted).
     pub prefix_tokens: IntCounterVec,
     /// The same requests as the engines reported them: prompt and cached tokens.
     pub engine_tokens: IntCounterVec,
@@ -76,9 +74,9 @@ impl Metrics {
         let tokens = IntCounterVec::new(
             Opts::new(
                 "tokengate_tokens_total",
-                "Tokens reported by the engines' usage: prompt, completion, and cached (prompt tokens served from the prefix cache)",
+                "Tokens reported by the engines' usage, by model (the service that served it): prompt, completion, and cached (prompt tokens served from the prefix cache)",
             ),
-            &["kind"],
+            &["model", "kind"],
         )
         .expect("metric");
         let inflight_requests = IntGaugeVec::new(
@@ -116,49 +114,49 @@ impl Metrics {
         let prefix_tokens = IntCounterVec::new(
             Opts::new(
                 "tokengate_prefix_tokens_total",
-                "Prefix-aware requests: estimated prompt tokens (kind=prompt), tokens of the best cached prefix on any instance (ceiling) and on the chosen instance (predicted)",
+                "Every routed request, by service: estimated prompt tokens (kind=prompt), tokens of the best cached prefix on any instance (ceiling) and on the chosen instance (predicted), by the gateway's prefix index",
             ),
-            &["kind"],
+            &["service", "kind"],
         )
         .expect("metric");
         let engine_tokens = IntCounterVec::new(
             Opts::new(
                 "tokengate_prefix_engine_tokens_total",
-                "Prefix-aware requests as the engines reported them: prompt and cached tokens",
+                "The same requests as the engines reported them (requests with usage), by service: prompt and cached tokens",
             ),
-            &["kind"],
+            &["service", "kind"],
         )
         .expect("metric");
         let hit_ratio = prometheus::GaugeVec::new(
             Opts::new(
                 "tokengate_prefix_hit_ratio",
-                "Cached share of prompt tokens: ceiling (best instance for every request), predicted (chosen instance, by the index), engine (reported cached_tokens)",
+                "Cached share of prompt tokens per service: ceiling (best instance for every request), predicted (chosen instance, by the index), engine (reported cached_tokens)",
             ),
-            &["kind"],
+            &["service", "kind"],
         )
         .expect("metric");
         let index_nodes = IntGaugeVec::new(
             Opts::new(
                 "tokengate_prefix_index_nodes",
-                "Nodes of a scheduler's prefix index",
+                "Nodes of a service's prefix index",
             ),
-            &["scheduler"],
+            &["service"],
         )
         .expect("metric");
         let index_bytes = IntGaugeVec::new(
             Opts::new(
                 "tokengate_prefix_index_bytes",
-                "Approximate heap bytes of a scheduler's prefix index",
+                "Approximate heap bytes of a service's prefix index",
             ),
-            &["scheduler"],
+            &["service"],
         )
         .expect("metric");
         let index_evicted_bytes = IntGaugeVec::new(
             Opts::new(
                 "tokengate_prefix_index_evicted_bytes",
-                "Bytes evicted from a scheduler's prefix index by the memory bound since start",
+                "Bytes evicted from a service's prefix index by the memory bound since start",
             ),
-            &["scheduler"],
+            &["service"],
         )
         .expect("metric");
         let sessions = IntGaugeVec::new(
@@ -238,17 +236,11 @@ impl Metrics {
         ] {
             registry.register(c).expect("unique metric names");
         }
-        for kind in ["prompt", "completion", "cached"] {
-            tokens.with_label_values(&[kind]);
-        }
         Metrics {
             registry,
             requests,
             duration,
             ttft,
-            tokens_prompt: tokens.with_label_values(&["prompt"]),
-            tokens_completion: tokens.with_label_values(&["completion"]),
-            tokens_cached: tokens.with_label_values(&["cached"]),
             tokens,
             inflight_requests,
             inflight_tokens,
@@ -270,20 +262,40 @@ impl Metrics {
         }
     }
 
-    /// Refreshes the hit-ratio gauges from their counters.
-    pub fn update_ratios(&self) {
-        let p = self.prefix_tokens.with_label_values(&["prompt"]).get() as f64;
-        for kind in ["ceiling", "predicted"] {
-            let v = self.prefix_tokens.with_label_values(&[kind]).get() as f64;
-            self.hit_ratio
-                .with_label_values(&[kind])
-                .set(if p > 0.0 { v / p } else { 0.0 });
+    /// The counters one service updates on every request, resolved once (when the runtime
+    /// is built): no label lookup on the hot path.
+    pub fn service_counters(&self, service: &str) -> ServiceCounters {
+        let t = |k| self.tokens.with_label_values(&[service, k]);
+        let p = |k| self.prefix_tokens.with_label_values(&[service, k]);
+        let e = |k| self.engine_tokens.with_label_values(&[service, k]);
+        ServiceCounters {
+            tokens_prompt: t("prompt"),
+            tokens_completion: t("completion"),
+            tokens_cached: t("cached"),
+            prefix_prompt: p("prompt"),
+            prefix_ceiling: p("ceiling"),
+            prefix_predicted: p("predicted"),
+            engine_prompt: e("prompt"),
+            engine_cached: e("cached"),
         }
-        let ep = self.engine_tokens.with_label_values(&["prompt"]).get() as f64;
-        let ec = self.engine_tokens.with_label_values(&["cached"]).get() as f64;
-        self.hit_ratio
-            .with_label_values(&["engine"])
-            .set(if ep > 0.0 { ec / ep } else { 0.0 });
+    }
+
+    /// Refreshes the hit-ratio gauges of `services` from their counters.
+    pub fn update_ratios<'a>(&self, services: impl IntoIterator<Item = &'a str>) {
+        for svc in services {
+            let c = |k| self.prefix_tokens.with_label_values(&[svc, k]).get() as f64;
+            let p = c("prompt");
+            for kind in ["ceiling", "predicted"] {
+                self.hit_ratio
+                    .with_label_values(&[svc, kind])
+                    .set(if p > 0.0 { c(kind) / p } else { 0.0 });
+            }
+            let e = |k| self.engine_tokens.with_label_values(&[svc, k]).get() as f64;
+            let (ep, ec) = (e("prompt"), e("cached"));
+            self.hit_ratio
+                .with_label_values(&[svc, "engine"])
+                .set(if ep > 0.0 { ec / ep } else { 0.0 });
+        }
     }
 
     /// Prometheus text exposition of everything registered.
@@ -291,6 +303,25 @@ impl Metrics {
         let mut out = Vec::with_capacity(8192);
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
+    }
+}
+
+/// See [`Metrics::service_counters`].
+#[derive(Clone)]
+pub struct ServiceCounters {
+    pub tokens_prompt: IntCounter,
+    pub tokens_completion: IntCounter,
+    pub tokens_cached: IntCounter,
+    pub prefix_prompt: IntCounter,
+    pub prefix_ceiling: IntCounter,
+    pub prefix_predicted: IntCounter,
+    pub engine_prompt: IntCounter,
+    pub engine_cached: IntCounter,
+}
+
+impl std::fmt::Debug for ServiceCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServiceCounters")
     }
 }
 

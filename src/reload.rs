@@ -2,13 +2,15 @@
 //! read and validated; a bad file keeps the running config (the error, with its YAML path, is
 //! logged and counted); a good one is swapped in atomically. Requests in flight keep the
 //! state they started with; instances that still exist (same id and address) keep their load
-//! counters, and schedulers that still exist (same name and mode) keep their session
-//! bindings and prefix index. Listen addresses, threads and `shutdown_grace` change only on
+//! counters and health, services that still exist keep their prefix index (a new `ttl`
+//! applies), and schedulers that still bind sessions keep their bindings (a new TTL applies in
+//! place, a new `max_entries` rebuilds the table keeping the most recently used bindings); a
+//! new `maintenance_interval` applies after the wait in progress. Listen addresses, threads and `shutdown_grace` change only on
 //! restart.
 
 use crate::config::Config;
-use crate::proxy::Shared;
-use crate::state::Runtime;
+use crate::runtime::Runtime;
+use crate::shared::Shared;
 use log::{error, info, warn};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,15 +33,21 @@ impl Reloader {
     /// Reads, validates and swaps in the config file. Returns whether it was applied.
     pub fn reload(&self) -> bool {
         let m = &self.shared.metrics;
-        match Config::load(&self.path) {
-            Ok(cfg) => {
+        let old = self.shared.runtime.load_full();
+        let built = Config::load(&self.path).and_then(|cfg| {
+            let rt = Runtime::build(&cfg, Some(&old), m)?;
+            Ok((cfg, rt))
+        });
+        match built {
+            Ok((cfg, rt)) => {
                 if cfg.listen != self.listen || cfg.admin_listen != self.admin_listen {
                     warn!(
                         "config reload: listen / admin_listen changes take effect only after a restart"
                     );
                 }
-                let old = self.shared.runtime.load_full();
-                let rt = Runtime::reloaded(&cfg, Some(&old));
+                for w in cfg.warnings() {
+                    warn!("config: {w}");
+                }
                 self.shared.runtime.store(Arc::new(rt));
                 m.reloads.with_label_values(&["ok"]).inc();
                 m.reload_ok.set(1);

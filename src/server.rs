@@ -4,11 +4,9 @@
 
 use crate::admin::Admin;
 use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::proxy::{Gateway, Shared};
-use crate::state::Runtime;
+use crate::proxy::Gateway;
+use crate::shared::Shared;
 use anyhow::Context;
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use log::{error, info};
 use parking_lot::Mutex;
@@ -187,17 +185,15 @@ impl BackgroundService for Acceptor {
             shutdown.clone(),
             Arc::new(Active::default()),
         )));
-        tasks.push(tokio::spawn(crate::health::run_checks(
+        tasks.push(tokio::spawn(crate::background::health_checks::run_checks(
             self.shared.clone(),
             shutdown.clone(),
         )));
         if let Some(r) = self.reloader.lock().take() {
             tasks.push(tokio::spawn(r.run(shutdown.clone())));
         }
-        let interval = self.shared.runtime.load().maintenance_interval;
-        tasks.push(tokio::spawn(crate::maintenance::run(
+        tasks.push(tokio::spawn(crate::background::maintenance::run(
             self.shared.clone(),
-            interval,
             shutdown.clone(),
         )));
         while !*shutdown.borrow() {
@@ -227,15 +223,6 @@ impl BackgroundService for Acceptor {
     }
 }
 
-/// Builds the shared state of a validated config.
-pub fn shared_state(cfg: &Config) -> Arc<Shared> {
-    Arc::new(Shared {
-        runtime: ArcSwap::from_pointee(Runtime::from_config(cfg)),
-        metrics: Metrics::new(),
-        decision: crate::decision::DecisionClient::new(),
-    })
-}
-
 /// Runs the gateway on bound listeners; returns only on a startup error (the Pingora server
 /// exits the process when it shuts down). With `config_path`, the file is reloaded on SIGHUP
 /// and when it changes.
@@ -255,9 +242,13 @@ pub fn run(
         graceful_shutdown_timeout_seconds: Some(5),
         ..ServerConf::default()
     };
+    let shared = Shared::new(&cfg)
+        .map_err(|e| anyhow::anyhow!("invalid config:\n  {}", e.0.join("\n  ")))?;
+    for w in cfg.warnings() {
+        log::warn!("config: {w}");
+    }
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let shared = shared_state(&cfg);
     let proxy = pingora::proxy::http_proxy(
         &server.configuration,
         Gateway {

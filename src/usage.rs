@@ -188,6 +188,10 @@ pub struct SseScanner {
     pub done: bool,
     /// Count of `data:` lines seen.
     pub data_events: u64,
+    /// A `data:` event carrying generated output was seen ([`carries_token`]): the end of
+    /// the prefill phase. Events sent before (the Responses API's `response.created`, a chat
+    /// stream's role-only first chunk, Anthropic's `message_start`, comments) do not count.
+    pub first_token: bool,
 }
 
 impl SseScanner {
@@ -310,6 +314,9 @@ impl SseScanner {
             self.done = true;
             return false;
         }
+        if !self.first_token && carries_token(data) {
+            self.first_token = true;
+        }
         if USAGE_KEY.find(data).is_none() {
             return false;
         }
@@ -322,6 +329,40 @@ impl SseScanner {
         self.usage.merge(usage);
         matches!(v.get("choices"), Some(Value::Array(a)) if a.is_empty())
     }
+}
+
+static DELTA_TYPE: once_cell::sync::Lazy<memmem::Finder<'static>> =
+    once_cell::sync::Lazy::new(|| memmem::Finder::new(b".delta\""));
+static CONTENT_BLOCK_DELTA: once_cell::sync::Lazy<memmem::Finder<'static>> =
+    once_cell::sync::Lazy::new(|| memmem::Finder::new(b"\"content_block_delta\""));
+static TOOL_CALLS: once_cell::sync::Lazy<memmem::Finder<'static>> =
+    once_cell::sync::Lazy::new(|| memmem::Finder::new(b"\"tool_calls\":[{"));
+/// Keys whose non-empty string value is generated output (chat, completions, reasoning).
+static OUTPUT_KEYS: once_cell::sync::Lazy<[memmem::Finder<'static>; 4]> =
+    once_cell::sync::Lazy::new(|| {
+        [
+            memmem::Finder::new(b"\"content\":\""),
+            memmem::Finder::new(b"\"text\":\""),
+            memmem::Finder::new(b"\"reasoning_content\":\""),
+            memmem::Finder::new(b"\"reasoning\":\""),
+        ]
+    });
+
+/// Whether an SSE `data:` payload carries generated output (the first token): an OpenAI chat
+/// or completions chunk with non-empty `content` / `text` / reasoning or a tool call, an
+/// Anthropic `content_block_delta`, or a Responses API `*.delta` event. Substring checks on
+/// the raw bytes, no JSON parse: this runs on every event until the first token.
+pub fn carries_token(data: &[u8]) -> bool {
+    if CONTENT_BLOCK_DELTA.find(data).is_some()
+        || DELTA_TYPE.find(data).is_some()
+        || TOOL_CALLS.find(data).is_some()
+    {
+        return true;
+    }
+    OUTPUT_KEYS.iter().any(|f| {
+        f.find_iter(data)
+            .any(|i| data.get(i + f.needle().len()).is_some_and(|&b| b != b'"'))
+    })
 }
 
 fn trim_eol(l: &[u8]) -> &[u8] {
@@ -549,5 +590,31 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_toke
         c.feed(b"{\"usage\":{\"prompt_tokens\":4,");
         c.feed(b"\"completion_tokens\":1}}");
         assert_eq!(c.finish().unwrap().completion, Some(1));
+    }
+
+    #[test]
+    fn the_first_token_is_the_first_event_with_output() {
+        for (data, token) in [
+            (&br#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#[..], false),
+            (br#"{"choices":[{"delta":{"content":"Hi"}}]}"#, true),
+            (br#"{"choices":[{"text":"","index":0}]}"#, false),
+            (br#"{"choices":[{"text":" a","index":0}]}"#, true),
+            (br#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#, true),
+            (br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c"}]}}]}"#, true),
+            (br#"{"type":"message_start","message":{"content":[]}}"#, false),
+            (br#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#, false),
+            (br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}"#, true),
+            (br#"{"type":"response.created","response":{"status":"in_progress"}}"#, false),
+            (br#"{"type":"response.output_text.delta","delta":"x"}"#, true),
+        ] {
+            assert_eq!(carries_token(data), token, "{}", String::from_utf8_lossy(data));
+        }
+        let mut s = SseScanner::new(false);
+        s.feed(b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
+        assert!(!s.first_token);
+        s.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"H");
+        assert!(!s.first_token, "an unfinished line is not read yet");
+        s.feed(b"i\"}}]}\n\n");
+        assert!(s.first_token);
     }
 }

@@ -27,7 +27,7 @@ async fn fleet() -> (Vec<engine_sim::SimHandle>, GatewayProc) {
 }
 
 fn counter(metrics: &str, kind: &str) -> u64 {
-    let needle = format!("tokengate_tokens_total{{kind=\"{kind}\"}} ");
+    let needle = format!("tokengate_tokens_total{{kind=\"{kind}\",model=\"qwen3-0.6b\"}} ");
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(&needle))

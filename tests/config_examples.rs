@@ -37,7 +37,7 @@ fn a_bad_config_names_every_error_by_path() {
     let p = dir.path().join("bad.yaml");
     std::fs::write(
         &p,
-        "services:\n  - name: a\n    instances:\n      - {id: x, addr: 127.0.0.1:1}\n  - name: b\n    load_balancing: fastest\n    instances:\n      - {id: y, addr: not-an-address}\ntimeouts: {connect: 0s}\n",
+        "services:\n  - name: a\n    instances:\n      - {id: x, addr: 127.0.0.1:1}\n  - name: b\n    instances:\n      - {id: y, addr: not-an-address}\ntimeouts: {connect: 0s}\n",
     )
     .unwrap();
     let out = check(&p);
@@ -45,11 +45,23 @@ fn a_bad_config_names_every_error_by_path() {
     let err = String::from_utf8_lossy(&out.stderr);
     for want in [
         "services[1].instances[0].addr: invalid socket address \"not-an-address\"",
-        "services[1].load_balancing: unknown policy \"fastest\"",
         "timeouts.connect: must be greater than 0",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
+    // An enum-like key with an unknown name: its path and the accepted names.
+    std::fs::write(
+        &p,
+        "services:\n  - name: b\n    load_balancing: fastest\n    instances:\n      - {id: y, addr: 127.0.0.1:1}\n",
+    )
+    .unwrap();
+    let out = check(&p);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("services[0].load_balancing: unknown variant `fastest`, expected one of `least-token`, `least-request`, `round-robin`"),
+        "{err}"
+    );
     std::fs::write(&p, "services: []\nlisten: [1.2.3.4:5]\nbogus: 1\n").unwrap();
     let out = check(&p);
     assert_eq!(out.status.code(), Some(1));

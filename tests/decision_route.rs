@@ -43,7 +43,7 @@ async fn ask(gw: &GatewayProc, text: &str) -> (String, String) {
         .to_str()
         .unwrap()
         .to_string();
-    assert!(reason.starts_with("policy(decision="), "{reason}");
+    assert!(reason.starts_with("decision("), "{reason}");
     let v: serde_json::Value = r.json().await.unwrap();
     (inst, v["model"].as_str().unwrap().to_string())
 }

@@ -236,15 +236,15 @@ async fn sse_chunks_reach_the_client_before_the_upstream_finishes() {
     let metrics = gw.metrics().await;
     // 2 streams × the mock's usage (7 prompt, 5 completion, 4 cached).
     assert!(
-        metrics.contains("tokengate_tokens_total{kind=\"prompt\"} 14"),
+        metrics.contains("tokengate_tokens_total{kind=\"prompt\",model=\"m\"} 14"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("tokengate_tokens_total{kind=\"completion\"} 10"),
+        metrics.contains("tokengate_tokens_total{kind=\"completion\",model=\"m\"} 10"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("tokengate_tokens_total{kind=\"cached\"} 8"),
+        metrics.contains("tokengate_tokens_total{kind=\"cached\",model=\"m\"} 8"),
         "{metrics}"
     );
     assert!(
@@ -634,9 +634,12 @@ async fn models_headers_request_id_and_metrics() {
         "tokengate_requests_total{code=\"200\",instance=\"up-1\",model=\"m\"} 1",
         "tokengate_requests_total{code=\"200\",instance=\"up-2\",model=\"other\"} 1",
         "tokengate_request_duration_seconds_count{model=\"m\"} 1",
-        "tokengate_tokens_total{kind=\"prompt\"} 22",
-        "tokengate_tokens_total{kind=\"completion\"} 6",
-        "tokengate_tokens_total{kind=\"cached\"} 10",
+        // Tokens per model (the service that served the request).
+        "tokengate_tokens_total{kind=\"prompt\",model=\"m\"} 11",
+        "tokengate_tokens_total{kind=\"completion\",model=\"m\"} 3",
+        "tokengate_tokens_total{kind=\"cached\",model=\"m\"} 5",
+        "tokengate_tokens_total{kind=\"prompt\",model=\"other\"} 11",
+        "tokengate_tokens_total{kind=\"cached\",model=\"other\"} 5",
         "tokengate_inflight_requests{instance=\"up-1\"} 0",
         "tokengate_inflight_tokens{instance=\"up-2\"} 0",
         "tokengate_routing_decisions_total{reason=\"least-token\"} 2",

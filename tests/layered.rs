@@ -162,7 +162,7 @@ async fn run_families(gw: &GatewayProc) -> (f64, Vec<String>) {
     gw.wait_idle().await;
     let m = gw.metrics().await;
     (
-        metric(&m, "tokengate_tokens_total{kind=\"cached\"}").unwrap(),
+        metric(&m, "tokengate_tokens_total{kind=\"cached\",model=\"m\"}").unwrap(),
         reasons,
     )
 }
@@ -190,9 +190,21 @@ async fn shared_prefixes_go_where_they_are_cached_and_raise_engine_hits() {
         "prefix-aware cached {cached_px} vs round-robin {cached_rr}"
     );
     let m = px.metrics().await;
-    let ceiling = metric(&m, "tokengate_prefix_hit_ratio{kind=\"ceiling\"}").unwrap();
-    let predicted = metric(&m, "tokengate_prefix_hit_ratio{kind=\"predicted\"}").unwrap();
-    let engine = metric(&m, "tokengate_prefix_hit_ratio{kind=\"engine\"}").unwrap();
+    let ceiling = metric(
+        &m,
+        "tokengate_prefix_hit_ratio{kind=\"ceiling\",service=\"m\"}",
+    )
+    .unwrap();
+    let predicted = metric(
+        &m,
+        "tokengate_prefix_hit_ratio{kind=\"predicted\",service=\"m\"}",
+    )
+    .unwrap();
+    let engine = metric(
+        &m,
+        "tokengate_prefix_hit_ratio{kind=\"engine\",service=\"m\"}",
+    )
+    .unwrap();
     // 35 of 42 requests can reuse ~all of their prompt.
     assert!(ceiling > 0.7 && ceiling <= 1.0, "ceiling {ceiling}");
     assert!(
@@ -203,7 +215,7 @@ async fn shared_prefixes_go_where_they_are_cached_and_raise_engine_hits() {
         (engine - predicted).abs() < 0.1,
         "engine {engine} vs predicted {predicted}"
     );
-    assert!(metric(&m, "tokengate_prefix_index_nodes{scheduler=\"m\"}").unwrap() > 0.0);
+    assert!(metric(&m, "tokengate_prefix_index_nodes{service=\"m\"}").unwrap() > 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -272,13 +284,13 @@ async fn the_memory_bound_evicts_the_index() {
     }
     eventually("the index to be evicted", || async {
         let m = gw.metrics().await;
-        metric(&m, "tokengate_prefix_index_evicted_bytes{scheduler=\"m\"}").unwrap_or(0.0) > 0.0
-            && metric(&m, "tokengate_prefix_index_nodes{scheduler=\"m\"}") == Some(0.0)
+        metric(&m, "tokengate_prefix_index_evicted_bytes{service=\"m\"}").unwrap_or(0.0) > 0.0
+            && metric(&m, "tokengate_prefix_index_nodes{service=\"m\"}") == Some(0.0)
     })
     .await;
     // The line is written just after the eviction the metrics already show: poll for it too.
     eventually("the eviction to be logged", || async {
-        gw.log_text().contains("prefix index m: evicted")
+        gw.log_text().contains("prefix index of m: evicted")
     })
     .await;
 }

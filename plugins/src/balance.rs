@@ -11,10 +11,12 @@
 
 use std::fmt;
 
-use crate::hash::InstanceKey;
+use crate::candidate::Candidate;
 
-/// A load-balancing policy, as named in the YAML config.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// A load-balancing policy, as named in the YAML config (`least-token`, `least-request`,
+/// `round-robin`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum LbPolicy {
     #[default]
     LeastToken,
@@ -32,16 +34,6 @@ impl LbPolicy {
         }
     }
 
-    /// Parses a config name; `None` for anything else.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "least-token" => Some(LbPolicy::LeastToken),
-            "least-request" => Some(LbPolicy::LeastRequest),
-            "round-robin" => Some(LbPolicy::RoundRobin),
-            _ => None,
-        }
-    }
-
     /// The load figure this policy balances on (also used by session affinity's
     /// "is my instance overloaded" check).
     pub fn load_of(self, c: &Candidate) -> u64 {
@@ -56,23 +48,6 @@ impl fmt::Display for LbPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-/// One instance as the scheduler sees it: an index into the caller's instance list and a
-/// snapshot of its load.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Candidate {
-    /// The caller's index of the instance.
-    pub idx: usize,
-    pub inflight_requests: u64,
-    pub inflight_tokens: u64,
-    /// Dispatched requests that have not produced a first byte yet.
-    pub waiting: u64,
-    /// The instance's stable key (session table, prefix index). `InstanceKey::of(id)`.
-    pub key: InstanceKey,
-    /// Which route target (service) the instance belongs to, for pickers whose candidates
-    /// span several targets (the decision-service scorer). 0 when there is only one.
-    pub target: u32,
 }
 
 /// The outcome of a pick: which candidate (the position in the slice) and why.
@@ -168,14 +143,18 @@ mod tests {
     }
 
     #[test]
-    fn policy_names_round_trip() {
+    fn policy_names_are_the_config_names() {
         for p in [
             LbPolicy::LeastToken,
             LbPolicy::LeastRequest,
             LbPolicy::RoundRobin,
         ] {
-            assert_eq!(LbPolicy::parse(p.as_str()), Some(p));
+            let v: LbPolicy =
+                serde::de::Deserialize::deserialize(serde::de::value::StrDeserializer::<
+                    serde::de::value::Error,
+                >::new(p.as_str()))
+                .unwrap();
+            assert_eq!(v, p);
         }
-        assert_eq!(LbPolicy::parse("random"), None);
     }
 }

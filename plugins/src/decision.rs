@@ -55,23 +55,22 @@ pub struct LayeredRow {
     pub load: u64,
     pub waiting: u64,
     pub matched: u32,
-    /// Passed the prefix layer's load / waiting filter.
+    /// Passed every layer's eligibility test (e.g. the prefix layer's load / waiting limits).
     pub eligible: bool,
 }
 
 /// The layered picker's inputs, for [`Decision::explain`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayeredTrace {
+    /// The load figure the layers compare (and the final balancing policy).
     pub policy: LbPolicy,
     pub avg_load: f64,
-    /// `avg × soft_max_load_ratio` when soft affinity was checked.
-    pub soft_limit: Option<f64>,
-    /// `avg × (1 + load_tolerance)` when the prefix layer ran.
-    pub prefix_load_limit: Option<f64>,
-    pub waiting_threshold: u64,
-    pub min_hit_ratio: f64,
-    /// The lower layer's own reason when affinity escaped or rebound.
+    /// One line per layer that ran and has something to say (its formula and limits).
+    pub notes: Vec<String>,
+    /// The lower layer's own reason when a layer that heads the reason (affinity escaped or
+    /// rebound) let the request fall through.
     pub fallback: Option<Cow<'static, str>>,
+    /// Every candidate's figures; empty unless the request asked for an explanation.
     pub rows: Vec<LayeredRow>,
 }
 
@@ -92,6 +91,14 @@ pub struct PolicyTrace {
 pub enum Trace {
     Layered(LayeredTrace),
     Policy(PolicyTrace),
+}
+
+/// A candidate a filter removed before the picker ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    pub idx: usize,
+    /// The filter's name: `unavailable`, `tried`, `decision`, `role`, …
+    pub by: &'static str,
 }
 
 /// The outcome of one scheduling decision.
@@ -115,6 +122,8 @@ pub struct Decision {
     /// The best match over all candidates, eligible or not: the hit-rate ceiling.
     pub best_matched_blocks: u32,
     pub trace: Trace,
+    /// Candidates the pipeline's filters removed.
+    pub dropped: Vec<Dropped>,
 }
 
 impl Decision {
@@ -144,15 +153,8 @@ impl Decision {
                     let _ = write!(s, " then={f}");
                 }
                 let _ = write!(s, " | load={} avg={:.1}", t.policy, t.avg_load);
-                if let Some(l) = t.soft_limit {
-                    let _ = write!(s, " soft: bound load <= avg*ratio={l:.1}");
-                }
-                if let Some(l) = t.prefix_load_limit {
-                    let _ = write!(
-                        s,
-                        " prefix: eligible if load <= avg*(1+tol)={l:.1} && waiting <= {}, hit if matched/{} >= {:.2}, longest match wins (tie: lower load)",
-                        t.waiting_threshold, self.prompt_blocks, t.min_hit_ratio
-                    );
+                for n in &t.notes {
+                    let _ = write!(s, " {n}");
                 }
                 s.push_str(" |");
                 for r in &t.rows {
@@ -200,6 +202,12 @@ impl Decision {
                         let _ = write!(s, ",{nm}={:.3}", t.norm[j * n + i]);
                     }
                 }
+            }
+        }
+        if !self.dropped.is_empty() {
+            s.push_str(" | filtered out:");
+            for d in &self.dropped {
+                let _ = write!(s, " {}({})", name(d.idx), d.by);
             }
         }
         s

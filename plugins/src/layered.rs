@@ -1,41 +1,233 @@
-//! Layered mode: session affinity → prefix cache → load balancing. The layers run in order;
-//! the first that matches routes; otherwise the request falls through. Affinity and prefix
-//! are optional, load balancing always runs last.
+//! Layered mode: stages in order, the first that routes wins ([`FirstHit`]). The built-in
+//! stages are session affinity → prefix cache, and load balancing always comes last; plain
+//! load balancing is a [`FirstHit`] with no stage before the balancer.
 //!
-//! 1. **Session affinity** (optional): the [`SessionTable`] maps the session key to an
-//!    instance.
+//! 1. **Session affinity** ([`AffinityStage`]): the [`SessionTable`] maps the session key
+//!    to an instance.
 //!    * `strict`: always the bound instance. If it is not among the candidates (gone,
 //!      unhealthy, already tried), the lower layers choose and the session rebinds
 //!      (`affinity-rebind`).
 //!    * `soft`: the bound instance unless its load > average load over the candidates ×
 //!      `soft_max_load_ratio` (default 1.5); then the lower layers choose and the session
-//!      rebinds (`affinity-escape`). "Load" is the service's balancing figure
-//!      ([`LbPolicy::load_of`]: in-flight tokens or requests).
-//!    * `ttl` (default 1800 s, refreshed on use), `max_entries` (default 100 000, least
-//!      recently used evicted).
-//! 2. **Prefix cache** (optional): the prompt's block hashes are matched against the
-//!    [`PrefixIndex`]; hit ratio = matched blocks / prompt blocks, per candidate. A candidate
-//!    is eligible when load ≤ average × (1 + `load_tolerance`, default 0.3) and waiting ≤
-//!    `waiting_threshold` (default 2). The eligible candidate with the longest match wins
-//!    (ties: lower load, then a rotation by `turn`) if its ratio ≥ `min_hit_ratio` (default
-//!    0.50); otherwise it is a miss. Reason `prefix(0.83)`.
-//! 3. **Load balancing**: [`balance::pick`] with the service's policy.
+//!      rebinds (`affinity-escape`). "Load" is the balancing figure ([`LbPolicy::load_of`]:
+//!      in-flight tokens or requests).
+//!    * The table's `ttl` and `max_entries` are the table's own ([`SessionTable`]).
+//! 2. **Prefix cache** ([`PrefixStage`]): reads the prompt's match against the prefix index
+//!    ([`RequestView::prefix`]); hit ratio = matched blocks / prompt blocks, per candidate. A
+//!    candidate is eligible when load ≤ average × (1 + `load_tolerance`, default 0.3) and
+//!    waiting ≤ `waiting_threshold` (default 2). The eligible candidate with the longest
+//!    match wins (ties: lower load, then a rotation by `turn`) if its ratio ≥ `min_hit_ratio`
+//!    (default 0.50); otherwise it is a miss. Reason `prefix(0.83)`.
+//! 3. **Load balancing**: [`balance::pick`] with the picker's policy. Always routes.
 //!
-//! The decision is read-only; the gateway reports the dispatch with
-//! [`LayeredPicker::on_dispatch`] (binds the session, inserts the prompt into the index) and
-//! the completion with [`LayeredPicker::on_complete`] (refreshes both).
+//! A stage is read-only while deciding; the gateway reports the dispatch
+//! ([`Picker::on_dispatch`]: affinity binds the session) and the completion
+//! ([`Picker::on_complete`]: affinity refreshes the binding). The prefix index itself is the
+//! gateway's model of the engines' caches: it inserts every dispatched prompt, whatever the
+//! scheduler.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::balance::{self, Candidate, LbPolicy};
+use rand::RngCore;
+
+use crate::balance::{self, LbPolicy};
+use crate::candidate::{Candidate, Needs, RequestView};
 use crate::decision::{AffinityOutcome, Decision, Layer, LayeredRow, LayeredTrace, Trace};
-use crate::prefix::{PrefixIndex, PrefixIndexConfig};
-use crate::scorer::RequestView;
-use crate::session::{SessionConfig, SessionTable};
+use crate::pipeline::{Completion, Outcome, Picker};
+use crate::session::SessionTable;
+
+/// What a stage sees: the request, the candidates, their load by the picker's balancing
+/// figure, their prefix match, and the notes the stages leave for the explanation.
+pub struct LayerCtx<'r, 'a> {
+    pub req: &'r RequestView<'a>,
+    pub cands: &'r [Candidate],
+    /// The balancing figure (in-flight tokens or requests).
+    pub policy: LbPolicy,
+    pub loads: Vec<u64>,
+    pub avg_load: f64,
+    /// Matched leading blocks per candidate (0 without a prefix match).
+    pub matched: Vec<u32>,
+    /// Set by the affinity stage.
+    pub affinity: AffinityOutcome,
+    /// A stage that let the request fall through but must head its reason
+    /// (`affinity-escape`, `affinity-rebind`).
+    pub headline: Option<Cow<'static, str>>,
+    /// Candidates a stage found ineligible (shown in the explanation).
+    pub ineligible: Vec<bool>,
+    /// One line per stage that has something to explain (only when `req.explain`).
+    pub notes: Vec<String>,
+}
+
+/// A stage's choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hit {
+    /// Position in the candidates.
+    pub pos: usize,
+    pub layer: Layer,
+    pub reason: Cow<'static, str>,
+}
+
+/// One layer of a [`FirstHit`] picker: routes the request, or lets it fall through.
+pub trait Stage: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn needs(&self) -> Needs {
+        Needs::NONE
+    }
+    fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit>;
+    fn on_dispatch(&self, _req: &RequestView<'_>, _chosen: &Candidate) {}
+    fn on_complete(&self, _req: &RequestView<'_>, _chosen: &Candidate, _done: &Completion) {}
+}
+
+/// Layered mode: the stages in order, then load balancing by `policy`. See the module docs.
+pub struct FirstHit {
+    policy: LbPolicy,
+    stages: Vec<Box<dyn Stage>>,
+}
+
+impl FirstHit {
+    /// Load balancing alone.
+    pub fn balance(policy: LbPolicy) -> Self {
+        FirstHit {
+            policy,
+            stages: Vec::new(),
+        }
+    }
+
+    /// Adds a stage before the balancer (after the stages already added).
+    pub fn then(mut self, stage: impl Stage + 'static) -> Self {
+        self.stages.push(Box::new(stage));
+        self
+    }
+
+    pub fn policy(&self) -> LbPolicy {
+        self.policy
+    }
+
+    /// The stages' names, in order, then the balancer's (`affinity→prefix→least-token`).
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        for st in &self.stages {
+            s.push_str(st.name());
+            s.push('→');
+        }
+        s.push_str(self.policy.as_str());
+        s
+    }
+}
+
+impl Picker for FirstHit {
+    fn name(&self) -> &'static str {
+        if self.stages.is_empty() {
+            "balance"
+        } else {
+            "layered"
+        }
+    }
+
+    fn needs(&self) -> Needs {
+        self.stages.iter().fold(Needs::NONE, |n, s| n | s.needs())
+    }
+
+    fn pick(
+        &self,
+        req: &RequestView<'_>,
+        cands: &[Candidate],
+        _rng: &mut dyn RngCore,
+    ) -> Option<Decision> {
+        let n = cands.len();
+        if n == 0 {
+            return None;
+        }
+        let policy = self.policy;
+        let loads: Vec<u64> = cands.iter().map(|c| policy.load_of(c)).collect();
+        let avg_load = loads.iter().map(|&l| l as f64).sum::<f64>() / n as f64;
+        let matched = cands.iter().map(|c| req.matched(c)).collect();
+        let mut cx = LayerCtx {
+            req,
+            cands,
+            policy,
+            loads,
+            avg_load,
+            matched,
+            affinity: AffinityOutcome::Off,
+            headline: None,
+            ineligible: vec![false; n],
+            notes: Vec::new(),
+        };
+        let mut hit = None;
+        for st in &self.stages {
+            if let Some(h) = st.try_pick(&mut cx) {
+                hit = Some(h);
+                break;
+            }
+        }
+        let hit = match hit {
+            Some(h) => h,
+            None => {
+                let p = balance::pick(policy, cands, req.turn)?;
+                Hit {
+                    pos: p.pos,
+                    layer: Layer::Balance,
+                    reason: Cow::Borrowed(p.reason.as_str()),
+                }
+            }
+        };
+        let (reason, fallback) = match cx.headline.take() {
+            Some(h) => (h, Some(hit.reason)),
+            None => (hit.reason, None),
+        };
+        let rows = if req.explain {
+            (0..n)
+                .map(|i| LayeredRow {
+                    idx: cands[i].idx,
+                    load: cx.loads[i],
+                    waiting: cands[i].waiting,
+                    matched: cx.matched[i],
+                    eligible: !cx.ineligible[i],
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Some(Decision {
+            pos: hit.pos,
+            idx: cands[hit.pos].idx,
+            key: cands[hit.pos].key,
+            layer: hit.layer,
+            reason,
+            affinity: cx.affinity,
+            prompt_blocks: 0,
+            matched_blocks: 0,
+            best_matched_blocks: 0,
+            trace: Trace::Layered(LayeredTrace {
+                policy,
+                avg_load: cx.avg_load,
+                notes: cx.notes,
+                fallback,
+                rows,
+            }),
+            dropped: Vec::new(),
+        })
+    }
+
+    fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
+        for s in &self.stages {
+            s.on_dispatch(req, chosen);
+        }
+    }
+
+    fn on_complete(&self, req: &RequestView<'_>, chosen: &Candidate, done: &Completion) {
+        for s in &self.stages {
+            s.on_complete(req, chosen, done);
+        }
+    }
+}
 
 /// Strict or soft session affinity.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum AffinityMode {
     #[default]
     Soft,
@@ -49,45 +241,88 @@ impl AffinityMode {
             AffinityMode::Strict => "strict",
         }
     }
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "soft" => Some(AffinityMode::Soft),
-            "strict" => Some(AffinityMode::Strict),
-            _ => None,
-        }
-    }
 }
 
-/// Layer 1 settings.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AffinityConfig {
+/// Layer 1: session affinity. See the module documentation.
+#[derive(Debug)]
+pub struct AffinityStage {
     pub mode: AffinityMode,
     /// Soft mode escapes when the bound load > average × this. Default 1.5.
     pub soft_max_load_ratio: f64,
-    /// Binding lifetime, refreshed on use. Default 1 800 000 ms.
-    pub ttl_ms: u64,
-    /// Most bindings kept (least recently used evicted). Default 100 000.
-    pub max_entries: usize,
+    sessions: Arc<SessionTable>,
 }
 
-impl Default for AffinityConfig {
-    fn default() -> Self {
-        AffinityConfig {
-            mode: AffinityMode::Soft,
-            soft_max_load_ratio: 1.5,
-            ttl_ms: 1_800_000,
-            max_entries: 100_000,
+impl AffinityStage {
+    pub fn new(mode: AffinityMode, soft_max_load_ratio: f64, sessions: Arc<SessionTable>) -> Self {
+        AffinityStage {
+            mode,
+            soft_max_load_ratio,
+            sessions,
         }
+    }
+
+    pub fn sessions(&self) -> &Arc<SessionTable> {
+        &self.sessions
     }
 }
 
-impl AffinityConfig {
-    /// The session table these settings describe.
-    pub fn table_config(&self) -> SessionConfig {
-        SessionConfig {
-            ttl_ms: self.ttl_ms,
-            max_entries: self.max_entries,
-            ..SessionConfig::default()
+impl Stage for AffinityStage {
+    fn name(&self) -> &'static str {
+        "affinity"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs::SESSION
+    }
+
+    fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
+        let Some(s) = cx.req.session else {
+            cx.affinity = AffinityOutcome::NoSession;
+            return None;
+        };
+        let Some(bound) = self.sessions.get(s, cx.req.now_ms) else {
+            cx.affinity = AffinityOutcome::Unbound;
+            return None;
+        };
+        let Some(p) = cx.cands.iter().position(|c| c.key == bound) else {
+            cx.affinity = AffinityOutcome::Rebind;
+            cx.headline = Some(Cow::Borrowed(AffinityOutcome::Rebind.as_str()));
+            return None;
+        };
+        let ok = match self.mode {
+            AffinityMode::Strict => true,
+            AffinityMode::Soft => {
+                let limit = cx.avg_load * self.soft_max_load_ratio;
+                if cx.req.explain {
+                    cx.notes
+                        .push(format!("soft: bound load <= avg*ratio={limit:.1}"));
+                }
+                cx.loads[p] as f64 <= limit
+            }
+        };
+        if ok {
+            cx.affinity = AffinityOutcome::Hit;
+            Some(Hit {
+                pos: p,
+                layer: Layer::Affinity,
+                reason: Cow::Borrowed("affinity"),
+            })
+        } else {
+            cx.affinity = AffinityOutcome::Escape;
+            cx.headline = Some(Cow::Borrowed(AffinityOutcome::Escape.as_str()));
+            None
+        }
+    }
+
+    fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
+        if let Some(s) = req.session {
+            self.sessions.bind(s, chosen.key, req.now_ms);
+        }
+    }
+
+    fn on_complete(&self, req: &RequestView<'_>, _chosen: &Candidate, done: &Completion) {
+        if let (Some(s), Outcome::Completed) = (req.session, done.outcome) {
+            self.sessions.touch(s, req.now_ms);
         }
     }
 }
@@ -101,8 +336,6 @@ pub struct PrefixLayerConfig {
     pub load_tolerance: f64,
     /// Eligible when waiting ≤ this. Default 2.
     pub waiting_threshold: u64,
-    /// Index entry lifetime. Default 259 200 000 ms (72 h).
-    pub ttl_ms: u64,
 }
 
 impl Default for PrefixLayerConfig {
@@ -111,235 +344,70 @@ impl Default for PrefixLayerConfig {
             min_hit_ratio: 0.50,
             load_tolerance: 0.3,
             waiting_threshold: 2,
-            ttl_ms: 259_200_000,
         }
     }
 }
 
-impl PrefixLayerConfig {
-    /// The prefix index these settings describe.
-    pub fn index_config(&self) -> PrefixIndexConfig {
-        PrefixIndexConfig {
-            ttl_ms: self.ttl_ms,
-            ..PrefixIndexConfig::default()
+/// Layer 2: the prefix cache. See the module documentation.
+#[derive(Clone, Debug, Default)]
+pub struct PrefixStage(pub PrefixLayerConfig);
+
+impl Stage for PrefixStage {
+    fn name(&self) -> &'static str {
+        "prefix"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs::PREFIX
+    }
+
+    fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
+        let p = &self.0;
+        let n = cx.cands.len();
+        let limit = cx.avg_load * (1.0 + p.load_tolerance);
+        let prompt_blocks = cx.req.prompt_blocks();
+        if cx.req.explain {
+            let mut s = String::new();
+            let _ = write!(
+                s,
+                "prefix: eligible if load <= avg*(1+tol)={limit:.1} && waiting <= {}, hit if matched/{} >= {:.2}, longest match wins (tie: lower load)",
+                p.waiting_threshold, prompt_blocks, p.min_hit_ratio
+            );
+            cx.notes.push(s);
         }
-    }
-}
-
-/// A service's layered scheduler settings. `None` disables a layer.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LayeredConfig {
-    pub policy: LbPolicy,
-    pub affinity: Option<AffinityConfig>,
-    pub prefix: Option<PrefixLayerConfig>,
-}
-
-/// The layered scheduler of one service. Cheap to share (`Arc`); all methods take `&self`.
-#[derive(Debug)]
-pub struct LayeredPicker {
-    cfg: LayeredConfig,
-    sessions: Arc<SessionTable>,
-    index: Arc<PrefixIndex>,
-}
-
-impl LayeredPicker {
-    /// A picker with fresh state sized from `cfg`.
-    pub fn new(cfg: LayeredConfig) -> Self {
-        let sessions = Arc::new(SessionTable::new(
-            cfg.affinity.clone().unwrap_or_default().table_config(),
-        ));
-        let index = Arc::new(PrefixIndex::new(
-            cfg.prefix.clone().unwrap_or_default().index_config(),
-        ));
-        LayeredPicker::with_state(cfg, sessions, index)
-    }
-
-    /// A picker over existing state (keep the tables across a config reload, or share them
-    /// with a policy picker).
-    pub fn with_state(
-        cfg: LayeredConfig,
-        sessions: Arc<SessionTable>,
-        index: Arc<PrefixIndex>,
-    ) -> Self {
-        LayeredPicker {
-            cfg,
-            sessions,
-            index,
+        for i in 0..n {
+            if !(cx.loads[i] as f64 <= limit && cx.cands[i].waiting <= p.waiting_threshold) {
+                cx.ineligible[i] = true;
+            }
         }
-    }
-
-    pub fn config(&self) -> &LayeredConfig {
-        &self.cfg
-    }
-    pub fn sessions(&self) -> &Arc<SessionTable> {
-        &self.sessions
-    }
-    pub fn index(&self) -> &Arc<PrefixIndex> {
-        &self.index
-    }
-
-    /// Chooses one of `cands`. `None` only when `cands` is empty.
-    pub fn decide(&self, req: &RequestView<'_>, cands: &[Candidate]) -> Option<Decision> {
-        if cands.is_empty() {
+        if prompt_blocks == 0 {
             return None;
         }
-        let cfg = &self.cfg;
-        let policy = cfg.policy;
-        let n = cands.len();
-        let loads: Vec<u64> = cands.iter().map(|c| policy.load_of(c)).collect();
-        let avg = loads.iter().map(|&l| l as f64).sum::<f64>() / n as f64;
-
-        // The match is computed whenever the prefix layer is on, even if affinity routes:
-        // the predicted hit and the ceiling are reported for every request.
-        let prompt_blocks = req.blocks.len() as u32;
-        let matched: Vec<u32> = match (&cfg.prefix, req.blocks.is_empty()) {
-            (Some(_), false) => {
-                let m = self.index.match_prefix(req.blocks, req.now_ms);
-                cands.iter().map(|c| m.matched(c.key)).collect()
+        let start = (cx.req.turn % n as u64) as usize;
+        let mut best: Option<usize> = None;
+        for step in 0..n {
+            let i = (start + step) % n;
+            if cx.ineligible[i] {
+                continue;
             }
-            _ => vec![0; n],
-        };
-        let prefix_limit = cfg.prefix.as_ref().map(|p| avg * (1.0 + p.load_tolerance));
-        let eligible = |i: usize| match (&cfg.prefix, prefix_limit) {
-            (Some(p), Some(limit)) => {
-                loads[i] as f64 <= limit && cands[i].waiting <= p.waiting_threshold
-            }
-            _ => false,
-        };
-
-        // Layer 1: session affinity.
-        let mut affinity = AffinityOutcome::Off;
-        let mut soft_limit = None;
-        let mut chosen: Option<(usize, Layer, Cow<'static, str>)> = None;
-        if let Some(a) = &cfg.affinity {
-            affinity = match req.session {
-                None => AffinityOutcome::NoSession,
-                Some(s) => match self.sessions.get(s, req.now_ms) {
-                    None => AffinityOutcome::Unbound,
-                    Some(bound) => match cands.iter().position(|c| c.key == bound) {
-                        None => AffinityOutcome::Rebind,
-                        Some(p) => {
-                            let ok = match a.mode {
-                                AffinityMode::Strict => true,
-                                AffinityMode::Soft => {
-                                    let limit = avg * a.soft_max_load_ratio;
-                                    soft_limit = Some(limit);
-                                    loads[p] as f64 <= limit
-                                }
-                            };
-                            if ok {
-                                chosen = Some((p, Layer::Affinity, Cow::Borrowed("affinity")));
-                                AffinityOutcome::Hit
-                            } else {
-                                AffinityOutcome::Escape
-                            }
-                        }
-                    },
-                },
+            let better = match best {
+                None => true,
+                Some(b) => {
+                    (cx.matched[i], std::cmp::Reverse(cx.loads[i]))
+                        > (cx.matched[b], std::cmp::Reverse(cx.loads[b]))
+                }
             };
-        }
-
-        // Layer 2: prefix cache.
-        if chosen.is_none() && prompt_blocks > 0 {
-            if let Some(p) = &cfg.prefix {
-                let start = (req.turn % n as u64) as usize;
-                let mut best: Option<usize> = None;
-                for step in 0..n {
-                    let i = (start + step) % n;
-                    if !eligible(i) {
-                        continue;
-                    }
-                    let better = match best {
-                        None => true,
-                        Some(b) => {
-                            (matched[i], std::cmp::Reverse(loads[i]))
-                                > (matched[b], std::cmp::Reverse(loads[b]))
-                        }
-                    };
-                    if better {
-                        best = Some(i);
-                    }
-                }
-                if let Some(b) = best {
-                    let ratio = f64::from(matched[b]) / f64::from(prompt_blocks);
-                    if matched[b] > 0 && ratio >= p.min_hit_ratio {
-                        chosen =
-                            Some((b, Layer::Prefix, Cow::Owned(format!("prefix({ratio:.2})"))));
-                    }
-                }
+            if better {
+                best = Some(i);
             }
         }
-
-        // Layer 3: load balancing.
-        let (pos, layer, layer_reason) = match chosen {
-            Some(c) => c,
-            None => {
-                let p = balance::pick(policy, cands, req.turn)?;
-                (p.pos, Layer::Balance, Cow::Borrowed(p.reason.as_str()))
-            }
-        };
-        let (reason, fallback) = match affinity {
-            AffinityOutcome::Escape | AffinityOutcome::Rebind => {
-                (Cow::Borrowed(affinity.as_str()), Some(layer_reason))
-            }
-            _ => (layer_reason, None),
-        };
-        let rows = (0..n)
-            .map(|i| LayeredRow {
-                idx: cands[i].idx,
-                load: loads[i],
-                waiting: cands[i].waiting,
-                matched: matched[i],
-                eligible: cfg.prefix.is_none() || eligible(i),
-            })
-            .collect();
-        Some(Decision {
-            pos,
-            idx: cands[pos].idx,
-            key: cands[pos].key,
-            layer,
-            reason,
-            affinity,
-            prompt_blocks,
-            matched_blocks: matched[pos],
-            best_matched_blocks: matched.iter().copied().max().unwrap_or(0),
-            trace: Trace::Layered(LayeredTrace {
-                policy,
-                avg_load: avg,
-                soft_limit,
-                prefix_load_limit: prefix_limit,
-                waiting_threshold: cfg.prefix.as_ref().map_or(0, |p| p.waiting_threshold),
-                min_hit_ratio: cfg.prefix.as_ref().map_or(0.0, |p| p.min_hit_ratio),
-                fallback,
-                rows,
-            }),
+        let b = best?;
+        let ratio = f64::from(cx.matched[b]) / f64::from(prompt_blocks);
+        (cx.matched[b] > 0 && ratio >= p.min_hit_ratio).then(|| Hit {
+            pos: b,
+            layer: Layer::Prefix,
+            reason: Cow::Owned(format!("prefix({ratio:.2})")),
         })
-    }
-
-    /// The request was sent to `chosen`: bind the session, insert the prompt for it.
-    pub fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
-        if let (Some(_), Some(s)) = (&self.cfg.affinity, req.session) {
-            self.sessions.bind(s, chosen.key, req.now_ms);
-        }
-        if self.cfg.prefix.is_some() {
-            self.index.insert(req.blocks, chosen.key, req.now_ms);
-        }
-    }
-
-    /// The request to `chosen` completed: refresh the binding and the cached prefix.
-    pub fn on_complete(&self, req: &RequestView<'_>, chosen: &Candidate) {
-        if let (Some(_), Some(s)) = (&self.cfg.affinity, req.session) {
-            self.sessions.touch(s, req.now_ms);
-        }
-        if self.cfg.prefix.is_some() {
-            self.index.touch(req.blocks, chosen.key, req.now_ms);
-        }
-    }
-
-    /// Periodic maintenance: frees expired bindings and index entries.
-    pub fn sweep_expired(&self, now_ms: u64) {
-        self.sessions.sweep_expired(now_ms);
-        self.index.sweep_expired(now_ms);
     }
 }
 
@@ -347,6 +415,10 @@ impl LayeredPicker {
 mod tests {
     use super::*;
     use crate::hash::{InstanceKey, SessionKey};
+    use crate::pipeline::Pipeline;
+    use crate::prefix::{PrefixIndex, PrefixMatch};
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
 
     fn cand(i: usize, req: u64, tok: u64, waiting: u64) -> Candidate {
         Candidate {
@@ -355,7 +427,7 @@ mod tests {
             inflight_tokens: tok,
             waiting,
             key: InstanceKey::of(&format!("inst-{i}")),
-            target: 0,
+            ..Default::default()
         }
     }
 
@@ -363,15 +435,45 @@ mod tests {
         (0..n).map(|i| cand(i, 0, 0, 0)).collect()
     }
 
-    fn picker(mode: AffinityMode) -> LayeredPicker {
-        LayeredPicker::new(LayeredConfig {
-            policy: LbPolicy::LeastRequest,
-            affinity: Some(AffinityConfig {
-                mode,
-                ..AffinityConfig::default()
-            }),
-            prefix: Some(PrefixLayerConfig::default()),
-        })
+    struct Fixture {
+        sessions: Arc<SessionTable>,
+        index: PrefixIndex,
+        p: Pipeline,
+    }
+
+    impl Fixture {
+        fn new(policy: LbPolicy, affinity: Option<AffinityMode>, prefix: bool) -> Self {
+            let sessions = Arc::new(SessionTable::default());
+            let mut fh = FirstHit::balance(policy);
+            if let Some(mode) = affinity {
+                fh = fh.then(AffinityStage::new(mode, 1.5, sessions.clone()));
+            }
+            if prefix {
+                fh = fh.then(PrefixStage::default());
+            }
+            Fixture {
+                sessions,
+                index: PrefixIndex::default(),
+                p: Pipeline::new(fh),
+            }
+        }
+
+        /// Decides like the gateway does: match the prompt, pick, explain.
+        fn decide(&self, req: &RequestView<'_>, cands: &[Candidate]) -> Option<Decision> {
+            let m: PrefixMatch = self.index.match_prefix(req.blocks, req.now_ms);
+            let r = RequestView {
+                prefix: Some(&m),
+                explain: true,
+                ..*req
+            };
+            self.p.pick(&r, cands, &mut StdRng::seed_from_u64(0))
+        }
+
+        /// Dispatches like the gateway does: the pipeline learns, the index records.
+        fn dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
+            self.p.on_dispatch(req, chosen);
+            self.index.insert(req.blocks, chosen.key, req.now_ms);
+        }
     }
 
     fn req<'a>(session: &str, blocks: &'a [u64], now_ms: u64, turn: u64) -> RequestView<'a> {
@@ -384,19 +486,26 @@ mod tests {
         }
     }
 
+    fn blocks(b: &[u64]) -> RequestView<'_> {
+        RequestView {
+            blocks: b,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn empty_candidates_is_none() {
-        assert!(picker(AffinityMode::Soft)
-            .decide(&RequestView::default(), &[])
-            .is_none());
+        let f = Fixture::new(LbPolicy::LeastRequest, Some(AffinityMode::Soft), true);
+        assert!(f.decide(&RequestView::default(), &[]).is_none());
     }
 
     #[test]
     fn only_load_balancing_when_no_layer_is_configured() {
-        let p = LayeredPicker::new(LayeredConfig::default());
+        let f = Fixture::new(LbPolicy::LeastToken, None, false);
+        assert_eq!(f.p.mode(), "balance");
         let mut cs = idle(3);
         cs[0].inflight_tokens = 50;
-        let d = p.decide(&req("s", &[1, 2], 0, 0), &cs).unwrap();
+        let d = f.decide(&req("s", &[1, 2], 0, 0), &cs).unwrap();
         assert_eq!(
             (d.pos, d.layer, d.reason.as_ref()),
             (1, Layer::Balance, "least-token")
@@ -410,34 +519,35 @@ mod tests {
 
     #[test]
     fn a_new_session_falls_through_then_sticks() {
-        let p = picker(AffinityMode::Soft);
+        let f = Fixture::new(LbPolicy::LeastRequest, Some(AffinityMode::Soft), true);
+        assert_eq!(f.p.needs(), Needs::SESSION | Needs::PREFIX);
         let cs = idle(3);
         let r = req("conv", &[], 0, 1);
-        let d = p.decide(&r, &cs).unwrap();
+        let d = f.decide(&r, &cs).unwrap();
         assert_eq!(d.affinity, AffinityOutcome::Unbound);
         assert_eq!(d.reason, "least-request");
-        p.on_dispatch(&r, &cs[d.pos]);
+        f.dispatch(&r, &cs[d.pos]);
         for turn in 2..10 {
-            let d2 = p.decide(&req("conv", &[], 1000, turn), &cs).unwrap();
+            let d2 = f.decide(&req("conv", &[], 1000, turn), &cs).unwrap();
             assert_eq!((d2.pos, d2.reason.as_ref()), (d.pos, "affinity"));
         }
     }
 
     #[test]
     fn soft_affinity_escapes_an_overloaded_instance_and_rebinds() {
-        let p = picker(AffinityMode::Soft);
+        let f = Fixture::new(LbPolicy::LeastRequest, Some(AffinityMode::Soft), true);
         let mut cs = idle(3);
         let r = req("conv", &[], 0, 0);
-        p.on_dispatch(&r, &cs[0]);
+        f.dispatch(&r, &cs[0]);
         // avg = 4/3, limit 2.0: 2 in flight stays …
         cs[0].inflight_requests = 2;
         cs[1].inflight_requests = 2;
-        let d = p.decide(&r, &cs).unwrap();
+        let d = f.decide(&r, &cs).unwrap();
         assert_eq!((d.pos, d.reason.as_ref()), (0, "affinity"));
         // … 3 in flight (avg 1, limit 1.5) escapes to the least loaded.
         cs[0].inflight_requests = 3;
         cs[1].inflight_requests = 0;
-        let d = p.decide(&r, &cs).unwrap();
+        let d = f.decide(&r, &cs).unwrap();
         assert_eq!(d.affinity, AffinityOutcome::Escape);
         assert_eq!(d.reason, "affinity-escape");
         assert_ne!(d.pos, 0);
@@ -446,86 +556,74 @@ mod tests {
             "{}",
             d.explain()
         );
-        p.on_dispatch(&r, &cs[d.pos]);
+        f.dispatch(&r, &cs[d.pos]);
         assert_eq!(
-            p.sessions().get(SessionKey::of("conv"), 0),
+            f.sessions.get(SessionKey::of("conv"), 0),
             Some(cs[d.pos].key)
         );
     }
 
     #[test]
     fn strict_affinity_ignores_load_and_rebinds_when_the_instance_is_gone() {
-        let p = picker(AffinityMode::Strict);
+        let f = Fixture::new(LbPolicy::LeastRequest, Some(AffinityMode::Strict), true);
         let mut cs = idle(3);
         let r = req("conv", &[], 0, 0);
-        p.on_dispatch(&r, &cs[2]);
+        f.dispatch(&r, &cs[2]);
         cs[2].inflight_requests = 100;
-        let d = p.decide(&r, &cs).unwrap();
+        let d = f.decide(&r, &cs).unwrap();
         assert_eq!((d.pos, d.reason.as_ref()), (2, "affinity"));
         // Instance 2 failed / left: it is not a candidate any more.
-        let d = p.decide(&r, &cs[..2]).unwrap();
+        let d = f.decide(&r, &cs[..2]).unwrap();
         assert_eq!(
             (d.reason.as_ref(), d.affinity),
             ("affinity-rebind", AffinityOutcome::Rebind)
         );
-        p.on_dispatch(&r, &cs[d.pos]);
-        let d2 = p.decide(&r, &cs).unwrap();
+        f.dispatch(&r, &cs[d.pos]);
+        let d2 = f.decide(&r, &cs).unwrap();
         assert_eq!((d2.pos, d2.reason.as_ref()), (d.pos, "affinity"));
     }
 
     #[test]
-    fn affinity_expires_after_the_ttl() {
-        let p = picker(AffinityMode::Strict);
+    fn affinity_expires_after_the_ttl_and_refreshes_only_on_success() {
+        let f = Fixture::new(LbPolicy::LeastRequest, Some(AffinityMode::Strict), true);
         let cs = idle(2);
-        p.on_dispatch(&req("c", &[], 0, 0), &cs[1]);
-        let d = p.decide(&req("c", &[], 1_800_000, 0), &cs).unwrap();
+        f.dispatch(&req("c", &[], 0, 0), &cs[1]);
+        let d = f.decide(&req("c", &[], 1_800_000, 0), &cs).unwrap();
         assert_eq!(d.reason, "affinity");
-        p.on_complete(&req("c", &[], 1_800_000, 0), &cs[1]); // refreshed
-        let d = p.decide(&req("c", &[], 3_600_000, 0), &cs).unwrap();
+        // A failed request does not refresh the binding …
+        f.p.on_complete(
+            &req("c", &[], 1_800_000, 0),
+            &cs[1],
+            &Completion::of(Outcome::Failed),
+        );
+        assert!(f.sessions.get(SessionKey::of("c"), 1_800_001).is_none());
+        // … a completed one does.
+        f.dispatch(&req("c", &[], 0, 0), &cs[1]);
+        f.p.on_complete(
+            &req("c", &[], 1_800_000, 0),
+            &cs[1],
+            &Completion::of(Outcome::Completed),
+        );
+        let d = f.decide(&req("c", &[], 3_600_000, 0), &cs).unwrap();
         assert_eq!(d.reason, "affinity");
-        let d = p.decide(&req("c", &[], 5_400_001, 0), &cs).unwrap();
+        let d = f.decide(&req("c", &[], 5_400_001, 0), &cs).unwrap();
         assert_eq!(d.affinity, AffinityOutcome::Unbound);
     }
 
     #[test]
     fn prefix_routes_to_the_longest_eligible_match() {
-        let p = LayeredPicker::new(LayeredConfig {
-            policy: LbPolicy::LeastRequest,
-            affinity: None,
-            prefix: Some(PrefixLayerConfig::default()),
-        });
+        let f = Fixture::new(LbPolicy::LeastRequest, None, true);
         let mut cs = idle(4);
         let prompt: Vec<u64> = (1..=12).collect();
         // inst 1 holds 10/12, inst 2 holds 12/12 but is overloaded, inst 3 holds 5/12.
-        p.on_dispatch(
-            &RequestView {
-                blocks: &prompt[..10],
-                ..Default::default()
-            },
-            &cs[1],
-        );
-        p.on_dispatch(
-            &RequestView {
-                blocks: &prompt,
-                ..Default::default()
-            },
-            &cs[2],
-        );
-        p.on_dispatch(
-            &RequestView {
-                blocks: &prompt[..5],
-                ..Default::default()
-            },
-            &cs[3],
-        );
+        f.dispatch(&blocks(&prompt[..10]), &cs[1]);
+        f.dispatch(&blocks(&prompt), &cs[2]);
+        f.dispatch(&blocks(&prompt[..5]), &cs[3]);
         for (i, l) in [1, 2, 9, 0].iter().enumerate() {
             cs[i].inflight_requests = *l; // avg 3, limit 3.9
         }
-        let r = RequestView {
-            blocks: &prompt,
-            ..Default::default()
-        };
-        let d = p.decide(&r, &cs).unwrap();
+        let r = blocks(&prompt);
+        let d = f.decide(&r, &cs).unwrap();
         assert_eq!(
             (d.pos, d.layer, d.reason.as_ref()),
             (1, Layer::Prefix, "prefix(0.83)")
@@ -543,7 +641,7 @@ mod tests {
         assert!(e.contains("*#1:load=2"), "{e}");
         // Too many waiting also makes it ineligible.
         cs[1].waiting = 3;
-        let d = p.decide(&r, &cs).unwrap();
+        let d = f.decide(&r, &cs).unwrap();
         assert_eq!(d.reason, "least-request"); // inst 3's 5/12 < 0.50 → miss
         assert_eq!(d.pos, 3);
         assert_eq!(d.best_matched_blocks, 12);
@@ -551,52 +649,73 @@ mod tests {
 
     #[test]
     fn equal_matches_go_to_the_lower_load() {
-        let p = LayeredPicker::new(LayeredConfig {
-            policy: LbPolicy::LeastToken,
-            affinity: None,
-            prefix: Some(PrefixLayerConfig::default()),
-        });
+        let f = Fixture::new(LbPolicy::LeastToken, None, true);
         let mut cs = idle(3);
         let prompt = [7u64, 8, 9, 10];
         for c in &cs {
-            p.on_dispatch(
-                &RequestView {
-                    blocks: &prompt,
-                    ..Default::default()
-                },
-                c,
-            );
+            f.dispatch(&blocks(&prompt), c);
         }
         cs[0].inflight_tokens = 300;
         cs[1].inflight_tokens = 100;
         cs[2].inflight_tokens = 200;
         for turn in 0..3 {
-            let d = p
-                .decide(
-                    &RequestView {
-                        blocks: &prompt,
-                        turn,
-                        ..Default::default()
-                    },
-                    &cs,
-                )
-                .unwrap();
+            let r = RequestView {
+                blocks: &prompt,
+                turn,
+                ..Default::default()
+            };
+            let d = f.decide(&r, &cs).unwrap();
             assert_eq!((d.pos, d.reason.as_ref()), (1, "prefix(1.00)"));
         }
     }
 
     #[test]
     fn affinity_wins_over_prefix_but_reports_the_prefix_numbers() {
-        let p = picker(AffinityMode::Soft);
+        let f = Fixture::new(LbPolicy::LeastRequest, Some(AffinityMode::Soft), true);
         let cs = idle(2);
         let prompt = [1u64, 2, 3, 4];
-        p.on_dispatch(&req("x", &prompt, 0, 0), &cs[1]);
-        p.on_dispatch(&req("y", &prompt[..1], 0, 0), &cs[0]);
-        let d = p.decide(&req("y", &prompt, 0, 0), &cs).unwrap();
+        f.dispatch(&req("x", &prompt, 0, 0), &cs[1]);
+        f.dispatch(&req("y", &prompt[..1], 0, 0), &cs[0]);
+        let d = f.decide(&req("y", &prompt, 0, 0), &cs).unwrap();
         assert_eq!((d.pos, d.reason.as_ref()), (0, "affinity"));
         assert_eq!(
             (d.matched_blocks, d.best_matched_blocks, d.prompt_blocks),
             (1, 4, 4)
         );
+    }
+
+    #[test]
+    fn filters_run_before_the_layers_and_say_what_they_dropped() {
+        let sessions = Arc::new(SessionTable::default());
+        let p = Pipeline::new(
+            FirstHit::balance(LbPolicy::LeastRequest).then(AffinityStage::new(
+                AffinityMode::Strict,
+                1.5,
+                sessions.clone(),
+            )),
+        )
+        .filter(crate::filter::Available)
+        .filter(crate::filter::NotTried);
+        let mut cs = idle(4);
+        cs[0].available = false;
+        let s = SessionKey::of("s");
+        sessions.bind(s, cs[1].key, 0);
+        let tried = [cs[1].key];
+        let r = RequestView {
+            session: Some(s),
+            exclude: &tried,
+            explain: true,
+            ..Default::default()
+        };
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        // The bound instance was tried: rebind to one of the two left.
+        assert_eq!(d.reason, "affinity-rebind");
+        assert!(d.pos == 2 || d.pos == 3, "{d:?}");
+        let e = d.explain();
+        assert!(e.contains("filtered out: #0(unavailable) #1(tried)"), "{e}");
+        // Nothing left: no decision.
+        cs[2].available = false;
+        cs[3].available = false;
+        assert!(p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).is_none());
     }
 }

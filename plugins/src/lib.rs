@@ -1,39 +1,54 @@
 //! tokengate-plugins: the routing brain of tokengate.
 //!
 //! Everything in this crate is pure and synchronous: no Pingora, no sockets, no clocks
-//! except where a caller passes one in (`now_ms`). The gateway (`src/`) snapshots its load
-//! table into [`Candidate`]s and asks a picker which one wins and why.
+//! except where a caller passes one in (`now_ms`), no RNG except the one passed in. The
+//! gateway (`src/`) snapshots its load table into [`Candidate`]s and runs a [`Pipeline`]:
+//! filters drop candidates, a picker chooses one and says why ([`Decision`]).
 //!
+//! * [`candidate`] — the candidates, the per-request view, [`Needs`] (the inputs a stage reads).
+//! * [`pipeline`] — the [`Filter`] and [`Picker`] traits and the [`Pipeline`] that runs them.
+//! * [`filter`] — availability, tried instances, the decision service's target, a role.
+//! * [`layered`] — layered mode: first-hit stages (affinity → prefix) then load balancing.
 //! * [`balance`] — least-token / least-request / round-robin (the last layer of every pick).
+//! * [`policy`] — policy mode: Σ weight × normalised score of [`scorer`]s.
+//! * [`scorer`] — the [`Scorer`] trait and the built-in scorers.
+//! * [`pair`] — a prefill + decode pair from two pipelines.
 //! * [`hash`] — instance / session keys, chained prompt block hashes.
 //! * [`session`] — the session table (affinity state).
 //! * [`prefix`] — the prefix index (which instance holds which prompt prefix).
-//! * [`scorer`] — the per-request view, the `Scorer` trait and the built-in scorers.
-//! * [`layered`] — layered mode: affinity → prefix → balance.
-//! * [`policy`] — policy mode: Σ weight × normalised score.
 //! * [`route`] — splitting a route's traffic between its targets.
 //! * [`decision`] — the decision record and its one-line explanation.
 
 pub mod balance;
+pub mod candidate;
 pub mod decision;
+pub mod filter;
 pub mod hash;
 pub mod layered;
+pub mod pair;
+pub mod pipeline;
 pub mod policy;
 pub mod prefix;
 pub mod route;
 pub mod scorer;
 pub mod session;
 
-pub use balance::{pick, Candidate, LbPolicy, Pick};
-pub use decision::{AffinityOutcome, Decision, Layer, Trace};
+pub use balance::{pick, LbPolicy, Pick};
+pub use candidate::{Candidate, Needs, RequestView, Role};
+pub use decision::{AffinityOutcome, Decision, Dropped, Layer, Trace};
+pub use filter::{Available, DecisionTarget, NotTried, RoleIs};
 pub use hash::{block_hashes, block_hashes_into, InstanceKey, SessionKey};
-pub use layered::{AffinityConfig, AffinityMode, LayeredConfig, LayeredPicker, PrefixLayerConfig};
-pub use policy::{PluginConfig, PluginKind, PolicyConfig, PolicyError, PolicyPicker};
+pub use layered::{AffinityMode, AffinityStage, FirstHit, PrefixLayerConfig, PrefixStage, Stage};
+pub use pair::PairPicker;
+pub use pipeline::{Completion, Filter, Outcome, Picker, Pipeline};
+pub use policy::{PolicyError, WeightedSum};
 pub use prefix::{IndexGauges, PrefixIndex, PrefixIndexConfig, PrefixMatch};
-pub use route::{round_robin_flat, WeightedTargets};
-pub use scorer::{RequestView, Scorer};
+pub use route::WeightedTargets;
+pub use scorer::{
+    LeastInflightScorer, LeastTokenScorer, PrefixScorer, Scorer, SessionAffinityScorer,
+};
 pub use session::{SessionConfig, SessionGauges, SessionTable};
 
-/// Re-exported so the gateway can hand [`PolicyPicker::decide`] an RNG of the same version
+/// Re-exported so the gateway can hand [`Pipeline::pick`] an RNG of the same version
 /// (e.g. `rand::rngs::SmallRng` per worker thread) without a dependency of its own.
 pub use rand;

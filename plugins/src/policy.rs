@@ -8,8 +8,9 @@
 //! (relative 1e-9): mathematically equal totals such as 4/7 + 1/7 and 2/7 + 3/7 may differ in
 //! the last bit after division, and such a tie must still be a tie.
 //!
-//! Default weights: session affinity 1, least in-flight 1, decision service 10 (the decision
-//! service, when it answers, overrides everything else), prefix cache 1, least token 1.
+//! Default weights: 1. (The decision service is not a scorer: it is a filter in front of the
+//! picker, [`crate::filter::DecisionTarget`], so its answer restricts the candidates to the
+//! target it named.)
 //!
 //! # When does a session move? (the switching table)
 //! N candidates, the session bound to one with `x` requests in flight, all others idle.
@@ -26,72 +27,15 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use rand::Rng;
+use rand::{Rng, RngCore};
 
-use crate::balance::Candidate;
+use crate::candidate::{Candidate, Needs, RequestView};
 use crate::decision::{AffinityOutcome, Decision, Layer, PolicyTrace, Trace};
-use crate::prefix::PrefixIndex;
-use crate::scorer::{
-    DecisionScorer, LeastInflightScorer, LeastTokenScorer, PrefixScorer, RequestView, Scorer,
-    SessionAffinityScorer,
-};
-use crate::session::SessionTable;
+use crate::pipeline::{Completion, Picker};
+use crate::scorer::Scorer;
 
 /// Relative tolerance under which two totals are a tie.
 const TIE_EPS: f64 = 1e-9;
-
-/// A built-in plugin, as named in the config.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum PluginKind {
-    SessionAffinity,
-    LeastInflight,
-    /// `token_scale`: see [`LeastTokenScorer`].
-    LeastToken {
-        token_scale: f64,
-    },
-    PrefixCache,
-    DecisionService,
-}
-
-impl PluginKind {
-    pub fn default_weight(self) -> f64 {
-        match self {
-            PluginKind::DecisionService => 10.0,
-            _ => 1.0,
-        }
-    }
-}
-
-/// One plugin of a policy and its weight (`None` = the plugin's default weight).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PluginConfig {
-    pub kind: PluginKind,
-    pub weight: Option<f64>,
-}
-
-/// A policy: the plugins, in order (the order of the reason string).
-#[derive(Clone, Debug, PartialEq)]
-pub struct PolicyConfig {
-    pub plugins: Vec<PluginConfig>,
-}
-
-impl Default for PolicyConfig {
-    /// Session affinity (1) + least in-flight (1).
-    fn default() -> Self {
-        PolicyConfig {
-            plugins: vec![
-                PluginConfig {
-                    kind: PluginKind::SessionAffinity,
-                    weight: None,
-                },
-                PluginConfig {
-                    kind: PluginKind::LeastInflight,
-                    weight: None,
-                },
-            ],
-        }
-    }
-}
 
 /// A policy that cannot be built.
 #[derive(Clone, Debug, PartialEq)]
@@ -107,7 +51,7 @@ pub enum PolicyError {
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PolicyError::NoPlugins => f.write_str("a policy needs at least one plugin"),
+            PolicyError::NoPlugins => f.write_str("a policy needs at least one scoring plugin"),
             PolicyError::BadWeight { index, weight } => write!(
                 f,
                 "plugins[{index}].weight: {weight} is not a positive number"
@@ -123,15 +67,12 @@ struct Weighted {
     weight: f64,
 }
 
-/// The policy picker of one route or service.
-pub struct PolicyPicker {
+/// Policy mode: Σ weight × normalised score over its scorers. See the module docs.
+pub struct WeightedSum {
     plugins: Vec<Weighted>,
-    /// Set when a prefix plugin is present: the match is computed once per request and
-    /// shared with it, and the decision reports the prefix figures.
-    index: Option<Arc<PrefixIndex>>,
 }
 
-impl fmt::Debug for PolicyPicker {
+impl fmt::Debug for WeightedSum {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut l = f.debug_list();
         for p in &self.plugins {
@@ -141,8 +82,8 @@ impl fmt::Debug for PolicyPicker {
     }
 }
 
-impl PolicyPicker {
-    /// A picker over custom scorers with their weights.
+impl WeightedSum {
+    /// A picker over scorers with their weights (the order of the reason string).
     pub fn new(plugins: Vec<(Arc<dyn Scorer>, f64)>) -> Result<Self, PolicyError> {
         if plugins.is_empty() {
             return Err(PolicyError::NoPlugins);
@@ -158,73 +99,38 @@ impl PolicyPicker {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(PolicyPicker {
-            plugins,
-            index: None,
-        })
+        Ok(WeightedSum { plugins })
+    }
+}
+
+impl Picker for WeightedSum {
+    fn name(&self) -> &'static str {
+        "policy"
     }
 
-    /// A picker over the built-in plugins, sharing the given state (the same tables a
-    /// layered picker of the service may use).
-    pub fn from_config(
-        cfg: &PolicyConfig,
-        sessions: Arc<SessionTable>,
-        index: Arc<PrefixIndex>,
-    ) -> Result<Self, PolicyError> {
-        let mut has_prefix = false;
-        let plugins = cfg
-            .plugins
+    fn needs(&self) -> Needs {
+        self.plugins
             .iter()
-            .map(|p| {
-                let scorer: Arc<dyn Scorer> = match p.kind {
-                    PluginKind::SessionAffinity => {
-                        Arc::new(SessionAffinityScorer::new(sessions.clone()))
-                    }
-                    PluginKind::LeastInflight => Arc::new(LeastInflightScorer),
-                    PluginKind::LeastToken { token_scale } => {
-                        Arc::new(LeastTokenScorer { token_scale })
-                    }
-                    PluginKind::PrefixCache => {
-                        has_prefix = true;
-                        Arc::new(PrefixScorer::new(index.clone()))
-                    }
-                    PluginKind::DecisionService => Arc::new(DecisionScorer),
-                };
-                (scorer, p.weight.unwrap_or_else(|| p.kind.default_weight()))
-            })
-            .collect();
-        let mut picker = PolicyPicker::new(plugins)?;
-        if has_prefix {
-            picker.index = Some(index);
-        }
-        Ok(picker)
+            .fold(Needs::NONE, |n, w| n | w.scorer.needs())
     }
 
     /// Chooses one of `cands`; `rng` breaks exact ties. `None` only when `cands` is empty.
-    pub fn decide<R: Rng + ?Sized>(
+    fn pick(
         &self,
         req: &RequestView<'_>,
         cands: &[Candidate],
-        rng: &mut R,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
         let n = cands.len();
         if n == 0 {
             return None;
         }
-        let m = match (&self.index, req.prefix, req.blocks.is_empty()) {
-            (Some(ix), None, false) => Some(ix.match_prefix(req.blocks, req.now_ms)),
-            _ => None,
-        };
-        let view = RequestView {
-            prefix: req.prefix.or(m.as_ref()),
-            ..*req
-        };
         let p = self.plugins.len();
         let mut norm = vec![0.0; p * n];
         let mut totals = vec![0.0; n];
         for (j, w) in self.plugins.iter().enumerate() {
             let out = &mut norm[j * n..(j + 1) * n];
-            w.scorer.score(&view, cands, out);
+            w.scorer.score(req, cands, out);
             let mut sum = 0.0;
             for x in out.iter_mut() {
                 if !(x.is_finite() && *x > 0.0) {
@@ -267,7 +173,6 @@ impl PolicyPicker {
         }
         reason.push(')');
 
-        let matched = |c: &Candidate| view.prefix.map_or(0, |m| m.matched(c.key));
         Some(Decision {
             pos,
             idx: cands[pos].idx,
@@ -275,9 +180,9 @@ impl PolicyPicker {
             layer: Layer::Policy,
             reason: Cow::Owned(reason),
             affinity: AffinityOutcome::Off,
-            prompt_blocks: req.blocks.len() as u32,
-            matched_blocks: matched(&cands[pos]),
-            best_matched_blocks: cands.iter().map(matched).max().unwrap_or(0),
+            prompt_blocks: 0,
+            matched_blocks: 0,
+            best_matched_blocks: 0,
             trace: Trace::Policy(PolicyTrace {
                 names: self.plugins.iter().map(|w| w.scorer.name()).collect(),
                 weights: self.plugins.iter().map(|w| w.weight).collect(),
@@ -286,20 +191,20 @@ impl PolicyPicker {
                 idxs: cands.iter().map(|c| c.idx).collect(),
                 tied: tied.len(),
             }),
+            dropped: Vec::new(),
         })
     }
 
-    /// The request was sent to `chosen` (binds the session, inserts the prompt, …).
-    pub fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
+    /// The request was sent to `chosen` (binds the session, …).
+    fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
         for w in &self.plugins {
             w.scorer.on_dispatch(req, chosen);
         }
     }
 
-    /// The request to `chosen` completed.
-    pub fn on_complete(&self, req: &RequestView<'_>, chosen: &Candidate) {
+    fn on_complete(&self, req: &RequestView<'_>, chosen: &Candidate, done: &Completion) {
         for w in &self.plugins {
-            w.scorer.on_complete(req, chosen);
+            w.scorer.on_complete(req, chosen, done);
         }
     }
 }
@@ -307,7 +212,14 @@ impl PolicyPicker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::filter::DecisionTarget;
     use crate::hash::{InstanceKey, SessionKey};
+    use crate::pipeline::{Outcome, Pipeline};
+    use crate::prefix::PrefixIndex;
+    use crate::scorer::{
+        LeastInflightScorer, LeastTokenScorer, PrefixScorer, SessionAffinityScorer,
+    };
+    use crate::session::SessionTable;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
@@ -321,8 +233,8 @@ mod tests {
             .collect()
     }
 
-    fn affinity_inflight(sessions: &Arc<SessionTable>, wi: f64, wa: f64) -> PolicyPicker {
-        PolicyPicker::new(vec![
+    fn affinity_inflight(sessions: &Arc<SessionTable>, wi: f64, wa: f64) -> WeightedSum {
+        WeightedSum::new(vec![
             (Arc::new(SessionAffinityScorer::new(sessions.clone())), wa),
             (Arc::new(LeastInflightScorer), wi),
         ])
@@ -366,7 +278,7 @@ mod tests {
                     let mut moved = 0;
                     for seed in 0..SEEDS {
                         let d = picker
-                            .decide(&req, &cs, &mut StdRng::seed_from_u64(seed))
+                            .pick(&req, &cs, &mut StdRng::seed_from_u64(seed))
                             .unwrap();
                         if d.pos != bound {
                             moved += 1;
@@ -429,7 +341,7 @@ mod tests {
         let mut seen = [0; 2];
         for seed in 0..200 {
             let d = picker
-                .decide(&req, &cs, &mut StdRng::seed_from_u64(seed))
+                .pick(&req, &cs, &mut StdRng::seed_from_u64(seed))
                 .unwrap();
             match &d.trace {
                 Trace::Policy(t) => assert_eq!(t.tied, 2),
@@ -440,10 +352,10 @@ mod tests {
         assert!(seen[0] > 60 && seen[1] > 60, "{seen:?}");
         // The same seed gives the same answer.
         let a = picker
-            .decide(&req, &cs, &mut StdRng::seed_from_u64(5))
+            .pick(&req, &cs, &mut StdRng::seed_from_u64(5))
             .unwrap();
         let b = picker
-            .decide(&req, &cs, &mut StdRng::seed_from_u64(5))
+            .pick(&req, &cs, &mut StdRng::seed_from_u64(5))
             .unwrap();
         assert_eq!(a.pos, b.pos);
     }
@@ -461,7 +373,7 @@ mod tests {
             ..Default::default()
         };
         let d = picker
-            .decide(&req, &cs, &mut StdRng::seed_from_u64(0))
+            .pick(&req, &cs, &mut StdRng::seed_from_u64(0))
             .unwrap();
         assert_eq!(d.pos, 1);
         assert_eq!(d.reason, "policy(affinity=1.0*0.33,inflight=1.0*0.80)");
@@ -475,87 +387,58 @@ mod tests {
     }
 
     #[test]
-    fn abstaining_plugins_add_nothing() {
-        let sessions = Arc::new(SessionTable::default());
-        let picker = PolicyPicker::from_config(
-            &PolicyConfig {
-                plugins: vec![
-                    PluginConfig {
-                        kind: PluginKind::DecisionService,
-                        weight: None,
-                    },
-                    PluginConfig {
-                        kind: PluginKind::LeastInflight,
-                        weight: None,
-                    },
-                ],
-            },
-            sessions,
-            Arc::new(PrefixIndex::default()),
-        )
-        .unwrap();
+    fn the_decision_filter_restricts_to_the_named_target_or_abstains() {
+        let p =
+            Pipeline::new(WeightedSum::new(vec![(Arc::new(LeastInflightScorer), 1.0)]).unwrap())
+                .filter(DecisionTarget);
+        assert_eq!(p.needs(), Needs::DECISION);
         let mut cs = cands(3);
         cs[0].inflight_requests = 5;
         cs[2].target = 1;
         let mut rng = StdRng::seed_from_u64(1);
         // Abstain: least in-flight decides (1 and 2 tie; both are fine).
-        let d = picker
-            .decide(&RequestView::default(), &cs, &mut rng)
-            .unwrap();
+        let d = p.pick(&RequestView::default(), &cs, &mut rng).unwrap();
         assert_ne!(d.pos, 0);
-        assert!(
-            d.reason.starts_with("policy(decision=10.0*0.00,"),
-            "{}",
-            d.reason
-        );
-        // The decision service names target 1: weight 10 beats everything else.
+        assert_eq!(d.reason, "policy(inflight=1.0*0.46)");
+        // The decision service names target 1: its only instance wins however busy it is.
         cs[2].inflight_requests = 50;
         let r = RequestView {
             decision: Some(1),
             ..Default::default()
         };
-        assert_eq!(picker.decide(&r, &cs, &mut rng).unwrap().pos, 2);
+        let d = p.pick(&r, &cs, &mut rng).unwrap();
+        assert_eq!(d.pos, 2);
+        assert_eq!(d.dropped.len(), 2);
         // A target without candidates: abstain.
         let r = RequestView {
             decision: Some(9),
             ..Default::default()
         };
-        assert_eq!(picker.decide(&r, &cs, &mut rng).unwrap().pos, 1);
+        assert_eq!(p.pick(&r, &cs, &mut rng).unwrap().pos, 1);
     }
 
     #[test]
     fn prefix_plugin_joins_a_policy_and_reports_figures() {
-        let index = Arc::new(PrefixIndex::default());
-        let picker = PolicyPicker::from_config(
-            &PolicyConfig {
-                plugins: vec![
-                    PluginConfig {
-                        kind: PluginKind::PrefixCache,
-                        weight: Some(2.0),
-                    },
-                    PluginConfig {
-                        kind: PluginKind::LeastToken {
-                            token_scale: 1000.0,
-                        },
-                        weight: None,
-                    },
-                ],
-            },
-            Arc::new(SessionTable::default()),
-            index.clone(),
-        )
-        .unwrap();
+        let index = PrefixIndex::default();
+        let p = Pipeline::new(
+            WeightedSum::new(vec![
+                (Arc::new(PrefixScorer::default()), 2.0),
+                (Arc::new(LeastTokenScorer::default()), 1.0),
+            ])
+            .unwrap(),
+        );
+        assert_eq!(p.needs(), Needs::PREFIX);
         let mut cs = cands(3);
         let prompt = [1u64, 2, 3, 4];
+        index.insert(&prompt, cs[2].key, 0);
+        cs[2].inflight_tokens = 1000;
+        let m = index.match_prefix(&prompt, 0);
         let req = RequestView {
             blocks: &prompt,
+            prefix: Some(&m),
             ..Default::default()
         };
-        picker.on_dispatch(&req, &cs[2]);
-        cs[2].inflight_tokens = 1000;
-        let d = picker
-            .decide(&req, &cs, &mut StdRng::seed_from_u64(0))
-            .unwrap();
+        let d = p.pick(&req, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
         // 2*1 + 1*(0.5/2.5) = 2.2 vs 0 + 1*(1/2.5) = 0.4
         assert_eq!(d.pos, 2);
         assert_eq!(
@@ -568,11 +451,11 @@ mod tests {
     #[test]
     fn bad_configs_are_rejected() {
         assert_eq!(
-            PolicyPicker::new(vec![]).unwrap_err(),
+            WeightedSum::new(vec![]).unwrap_err(),
             PolicyError::NoPlugins
         );
         for w in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            let e = PolicyPicker::new(vec![(Arc::new(LeastInflightScorer), w)]).unwrap_err();
+            let e = WeightedSum::new(vec![(Arc::new(LeastInflightScorer), w)]).unwrap_err();
             assert!(e.to_string().starts_with("plugins[0].weight"), "{e}");
         }
     }
@@ -580,9 +463,7 @@ mod tests {
     #[test]
     fn on_dispatch_binds_the_session() {
         let sessions = Arc::new(SessionTable::default());
-        let picker =
-            PolicyPicker::from_config(&PolicyConfig::default(), sessions.clone(), Arc::default())
-                .unwrap();
+        let picker = affinity_inflight(&sessions, 1.0, 1.0);
         let cs = cands(4);
         let s = SessionKey::of("abc");
         let req = RequestView {
@@ -590,14 +471,15 @@ mod tests {
             ..Default::default()
         };
         let d = picker
-            .decide(&req, &cs, &mut StdRng::seed_from_u64(0))
+            .pick(&req, &cs, &mut StdRng::seed_from_u64(0))
             .unwrap();
         picker.on_dispatch(&req, &cs[d.pos]);
+        picker.on_complete(&req, &cs[d.pos], &Completion::of(Outcome::Completed));
         assert_eq!(sessions.get(s, 0), Some(cs[d.pos].key));
         // Idle fleet: the session stays where it was bound.
         for seed in 0..20 {
             let d2 = picker
-                .decide(&req, &cs, &mut StdRng::seed_from_u64(seed))
+                .pick(&req, &cs, &mut StdRng::seed_from_u64(seed))
                 .unwrap();
             assert_eq!(d2.pos, d.pos);
         }

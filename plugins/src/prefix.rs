@@ -253,7 +253,7 @@ impl Totals {
 pub struct PrefixIndex {
     /// Each shard is the virtual root of a forest (its own `hashes`/`holders` stay empty).
     shards: Box<[RwLock<Node>]>,
-    ttl_secs: u64,
+    ttl_secs: AtomicU64,
     c: Counters,
 }
 
@@ -267,7 +267,7 @@ impl std::fmt::Debug for PrefixIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PrefixIndex")
             .field("shards", &self.shards.len())
-            .field("ttl_secs", &self.ttl_secs)
+            .field("ttl_secs", &self.ttl_secs.load(Relaxed))
             .field("gauges", &self.gauges())
             .finish()
     }
@@ -286,9 +286,19 @@ impl PrefixIndex {
         let n = shard_count(cfg.shards);
         PrefixIndex {
             shards: (0..n).map(|_| RwLock::new(Node::default())).collect(),
-            ttl_secs: cfg.ttl_ms.div_ceil(1000),
+            ttl_secs: AtomicU64::new(cfg.ttl_ms.div_ceil(1000)),
             c: Counters::default(),
         }
+    }
+
+    /// Changes the entry lifetime in place (a config reload).
+    pub fn set_ttl_ms(&self, ttl_ms: u64) {
+        self.ttl_secs.store(ttl_ms.div_ceil(1000), Relaxed);
+    }
+
+    /// The entry lifetime, milliseconds (rounded up to whole seconds).
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_secs.load(Relaxed) * 1000
     }
 
     fn shard(&self, first: u64) -> &RwLock<Node> {
@@ -296,7 +306,7 @@ impl PrefixIndex {
     }
 
     fn expired(&self, ts: u32, now: u32) -> bool {
-        u64::from(ts) + self.ttl_secs < u64::from(now)
+        u64::from(ts) + self.ttl_secs.load(Relaxed) < u64::from(now)
     }
 
     /// Matches a prompt's block hashes: for every instance, how many leading blocks it

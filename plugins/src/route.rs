@@ -7,8 +7,8 @@
 //!   `A B B B`); the service's load balancer then picks inside the target. Give each target
 //!   its own `turn` counter for that inner pick: a shared counter advancing in step with the
 //!   target sequence could always land on the same instance.
-//! * **round-robin** ([`round_robin_flat`]): every instance of every target in turn, so
-//!   targets share traffic in proportion to their instance counts.
+//! * **round-robin**: the targets in turn (equal weights), whatever their instance counts; the
+//!   target's own scheduler then picks the instance.
 //!
 //! Targets without available instances are skipped (their weight is redistributed).
 
@@ -57,27 +57,11 @@ impl WeightedTargets {
     }
 }
 
-/// Plain round-robin over all instances of all targets: `counts[t]` instances in target `t`;
-/// returns `(target, instance within the target)` for this `turn`.
-pub fn round_robin_flat(counts: &[usize], turn: u64) -> Option<(usize, usize)> {
-    let total: usize = counts.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let mut k = (turn % total as u64) as usize;
-    for (t, &c) in counts.iter().enumerate() {
-        if k < c {
-            return Some((t, k));
-        }
-        k -= c;
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balance::{pick, Candidate, LbPolicy};
+    use crate::balance::{pick, LbPolicy};
+    use crate::candidate::Candidate;
 
     /// Picks `n` times: a target by weight, then an instance by least-request inside it
     /// (idle instances, so the rotating tie-break spreads them), with per-target turns.
@@ -148,16 +132,5 @@ mod tests {
         assert!((0..5).all(|_| wt.pick(|t| t != 1) == Some(0)));
         assert_eq!(wt.pick(|t| t == 2), None);
         assert_eq!(WeightedTargets::new(&[]).pick(|_| true), None);
-    }
-
-    #[test]
-    fn flat_round_robin_visits_every_instance() {
-        let counts = [1, 2, 0, 3];
-        let seq: Vec<(usize, usize)> = (0..6)
-            .map(|t| round_robin_flat(&counts, t).unwrap())
-            .collect();
-        assert_eq!(seq, vec![(0, 0), (1, 0), (1, 1), (3, 0), (3, 1), (3, 2)]);
-        assert_eq!(round_robin_flat(&counts, 6), Some((0, 0)));
-        assert_eq!(round_robin_flat(&[0, 0], 3), None);
     }
 }

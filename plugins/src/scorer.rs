@@ -1,45 +1,29 @@
-//! The scoring framework shared by both pickers: the per-request view, the [`Scorer`]
-//! trait, and the built-in scorers.
+//! Scorers: the policy picker's plugins ([`crate::policy::WeightedSum`]).
 //!
 //! A scorer writes one raw score per candidate (higher is better, ≥ 0). The policy picker
 //! normalises each scorer's scores to sum 1 over the candidates and adds them up with the
-//! configured weights; the layered picker uses the same state (session table, prefix index)
-//! through its layers. Scorers with state learn through `on_dispatch` / `on_complete`.
+//! configured weights. Scorers with state learn through `on_dispatch` / `on_complete`.
 
 use std::sync::Arc;
 
-use crate::balance::Candidate;
-use crate::hash::{rendezvous, SessionKey};
-use crate::prefix::{PrefixIndex, PrefixMatch};
+use crate::candidate::{Candidate, Needs, RequestView};
+use crate::hash::rendezvous;
+use crate::pipeline::{Completion, Outcome};
 use crate::session::SessionTable;
-
-/// What a picker needs to know about one request. Cheap to build: all borrowed or `Copy`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RequestView<'a> {
-    /// The session key the gateway chose from its key chain (`SessionKey::of(str)`).
-    pub session: Option<SessionKey>,
-    /// The prompt's chained block hashes ([`crate::hash::block_hashes`]).
-    pub blocks: &'a [u64],
-    /// The caller's clock, milliseconds.
-    pub now_ms: u64,
-    /// A per-service request counter: drives round-robin and rotating tie-breaks.
-    pub turn: u64,
-    /// The decision service's answer: `Some(target)` (the candidates' `target` number) or
-    /// `None` for abstain / not asked.
-    pub decision: Option<u32>,
-    /// The prefix match, when the picker already computed it (saves a second lookup).
-    pub prefix: Option<&'a PrefixMatch>,
-}
 
 /// A scoring plugin. Higher is better; scores must be finite and ≥ 0 (anything else counts
 /// as 0). `out` has one slot per candidate and arrives zeroed.
 pub trait Scorer: Send + Sync {
     fn name(&self) -> &'static str;
+    /// The inputs it reads beyond the candidates' load.
+    fn needs(&self) -> Needs {
+        Needs::NONE
+    }
     fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]);
     /// The request was sent to `chosen`.
     fn on_dispatch(&self, _req: &RequestView<'_>, _chosen: &Candidate) {}
-    /// The request to `chosen` finished successfully.
-    fn on_complete(&self, _req: &RequestView<'_>, _chosen: &Candidate) {}
+    /// The request to `chosen` finished.
+    fn on_complete(&self, _req: &RequestView<'_>, _chosen: &Candidate, _done: &Completion) {}
 }
 
 /// Session affinity: `2^-r` where `r` is the candidate's rank in the session's preference
@@ -60,6 +44,10 @@ impl SessionAffinityScorer {
 impl Scorer for SessionAffinityScorer {
     fn name(&self) -> &'static str {
         "affinity"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs::SESSION
     }
 
     fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
@@ -92,8 +80,8 @@ impl Scorer for SessionAffinityScorer {
         }
     }
 
-    fn on_complete(&self, req: &RequestView<'_>, _chosen: &Candidate) {
-        if let Some(s) = req.session {
+    fn on_complete(&self, req: &RequestView<'_>, _chosen: &Candidate, done: &Completion) {
+        if let (Some(s), Outcome::Completed) = (req.session, done.outcome) {
             self.sessions.touch(s, req.now_ms);
         }
     }
@@ -146,34 +134,22 @@ impl Scorer for LeastTokenScorer {
     }
 }
 
-/// Prefix cache: the fraction of the prompt's blocks the candidate holds. Inserts the prompt
-/// for the chosen instance on dispatch; refreshes it on completion.
+/// Prefix cache: the fraction of the prompt's blocks the candidate holds, from the request's
+/// prefix match ([`RequestView::prefix`]; the gateway keeps the index).
 ///
 /// A match below `min_hit_ratio` (default 0.5) scores 0, as in layered mode's prefix layer.
 /// Without that floor, sum-normalisation would turn any match into a full score: when every
 /// prompt starts with the same short system prompt, the first instance that served one
 /// would hold a tiny match on every request, score 1.0 against everyone else's 0, and win
 /// every request however loaded it is (seen on the Mooncake trace: 7 of 8 engines idle).
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct PrefixScorer {
-    index: Arc<PrefixIndex>,
-    min_hit_ratio: f64,
+    pub min_hit_ratio: f64,
 }
 
-impl PrefixScorer {
-    pub fn new(index: Arc<PrefixIndex>) -> Self {
-        PrefixScorer {
-            index,
-            min_hit_ratio: 0.5,
-        }
-    }
-    /// Matches below this share of the prompt score 0.
-    pub fn with_min_hit_ratio(mut self, r: f64) -> Self {
-        self.min_hit_ratio = r;
-        self
-    }
-    pub fn index(&self) -> &Arc<PrefixIndex> {
-        &self.index
+impl Default for PrefixScorer {
+    fn default() -> Self {
+        PrefixScorer { min_hit_ratio: 0.5 }
     }
 }
 
@@ -181,45 +157,17 @@ impl Scorer for PrefixScorer {
     fn name(&self) -> &'static str {
         "prefix"
     }
+    fn needs(&self) -> Needs {
+        Needs::PREFIX
+    }
     fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
-        if req.blocks.is_empty() {
+        let Some(m) = req.prefix else { return };
+        if m.prompt_blocks == 0 {
             return;
         }
-        let own;
-        let m = match req.prefix {
-            Some(m) => m,
-            None => {
-                own = self.index.match_prefix(req.blocks, req.now_ms);
-                &own
-            }
-        };
         for (o, c) in out.iter_mut().zip(cands) {
             let r = m.ratio(c.key);
             *o = if r >= self.min_hit_ratio { r } else { 0.0 };
-        }
-    }
-    fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
-        self.index.insert(req.blocks, chosen.key, req.now_ms);
-    }
-    fn on_complete(&self, req: &RequestView<'_>, chosen: &Candidate) {
-        self.index.touch(req.blocks, chosen.key, req.now_ms);
-    }
-}
-
-/// Decision service: 1 for candidates of the target the service named, 0 for the others;
-/// abstains (all 0, which the policy picker treats as "no opinion") when it did not answer.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DecisionScorer;
-
-impl Scorer for DecisionScorer {
-    fn name(&self) -> &'static str {
-        "decision"
-    }
-    fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
-        if let Some(t) = req.decision {
-            for (o, c) in out.iter_mut().zip(cands) {
-                *o = if c.target == t { 1.0 } else { 0.0 };
-            }
         }
     }
 }
@@ -227,7 +175,8 @@ impl Scorer for DecisionScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hash::InstanceKey;
+    use crate::hash::{InstanceKey, SessionKey};
+    use crate::prefix::PrefixIndex;
 
     fn cands(n: usize) -> Vec<Candidate> {
         (0..n)
@@ -292,80 +241,44 @@ mod tests {
     }
 
     #[test]
-    fn decision_scorer_names_a_target_or_abstains() {
-        let mut cs = cands(3);
-        cs[2].target = 1;
-        let mut out = vec![0.0; 3];
-        DecisionScorer.score(
-            &RequestView {
-                decision: Some(1),
-                ..Default::default()
-            },
-            &cs,
-            &mut out,
-        );
-        assert_eq!(out, vec![0.0, 0.0, 1.0]);
-        let mut out = vec![0.0; 3];
-        DecisionScorer.score(&RequestView::default(), &cs, &mut out);
-        assert_eq!(out, vec![0.0; 3]);
-    }
-
-    #[test]
-    fn prefix_scorer_scores_the_hit_ratio_and_learns_on_dispatch() {
-        let ix = Arc::new(PrefixIndex::default());
-        let sc = PrefixScorer::new(ix.clone());
+    fn prefix_scorer_scores_the_hit_ratio_of_the_match() {
+        let ix = PrefixIndex::default();
         let cs = cands(2);
         let blocks = [1, 2, 3, 4];
+        ix.insert(&blocks[..3], cs[1].key, 0);
+        let m = ix.match_prefix(&blocks, 0);
         let req = RequestView {
             blocks: &blocks,
+            prefix: Some(&m),
             ..Default::default()
         };
-        sc.on_dispatch(
-            &RequestView {
-                blocks: &blocks[..3],
-                ..Default::default()
-            },
-            &cs[1],
-        );
         let mut out = vec![0.0; 2];
-        sc.score(&req, &cs, &mut out);
+        PrefixScorer::default().score(&req, &cs, &mut out);
         assert_eq!(out, vec![0.0, 0.75]);
+        // No match computed: abstain.
+        let mut out = vec![0.0; 2];
+        PrefixScorer::default().score(&RequestView::default(), &cs, &mut out);
+        assert_eq!(out, vec![0.0; 2]);
     }
 
     #[test]
     fn a_short_shared_prefix_does_not_pull_every_request_to_one_instance() {
         // Every prompt starts with the same system block; instance 0 served one first.
-        let ix = Arc::new(PrefixIndex::default());
-        let sc = PrefixScorer::new(ix.clone());
+        let ix = PrefixIndex::default();
         let cs = cands(4);
-        sc.on_dispatch(
-            &RequestView {
-                blocks: &[7, 1],
-                ..Default::default()
-            },
-            &cs[0],
-        );
+        ix.insert(&[7, 1], cs[0].key, 0);
         let blocks: Vec<u64> = std::iter::once(7).chain(100..120).collect();
+        let m = ix.match_prefix(&blocks, 0);
+        let req = RequestView {
+            blocks: &blocks,
+            prefix: Some(&m),
+            ..Default::default()
+        };
         let mut out = vec![0.0; 4];
-        sc.score(
-            &RequestView {
-                blocks: &blocks,
-                ..Default::default()
-            },
-            &cs,
-            &mut out,
-        );
+        PrefixScorer::default().score(&req, &cs, &mut out);
         // 1 of 21 blocks (< min_hit_ratio 0.5): no opinion, so load decides.
         assert_eq!(out, vec![0.0; 4]);
-        let low = PrefixScorer::new(ix).with_min_hit_ratio(0.0);
-        low.score(
-            &RequestView {
-                blocks: &blocks,
-                ..Default::default()
-            },
-            &cs,
-            &mut out,
-        );
+        PrefixScorer { min_hit_ratio: 0.0 }.score(&req, &cs, &mut out);
         assert!(out[0] > 0.0);
     }
 }

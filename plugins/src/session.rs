@@ -28,7 +28,7 @@ pub struct SessionConfig {
     pub ttl_ms: u64,
     /// Upper bound on bindings (approximately: per shard, rounded up). Default 100 000.
     pub max_entries: usize,
-    /// Lock stripes (rounded up to a power of two, at most `max_entries`). Default 64.
+    /// Lock stripes (rounded up to a power of two, at most `max_entries / 16`). Default 64.
     pub shards: usize,
 }
 
@@ -68,7 +68,9 @@ struct Shard {
 /// See the module documentation.
 pub struct SessionTable {
     shards: Box<[Mutex<Shard>]>,
-    ttl_ms: u64,
+    ttl_ms: AtomicU64,
+    /// The configured `max_entries` (the bound is enforced per shard: `cap` each).
+    max_entries: usize,
     cap: usize,
     entries: AtomicI64,
     evictions: AtomicU64,
@@ -84,7 +86,7 @@ impl Default for SessionTable {
 impl std::fmt::Debug for SessionTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionTable")
-            .field("ttl_ms", &self.ttl_ms)
+            .field("ttl_ms", &self.ttl_ms.load(Relaxed))
             .field("gauges", &self.gauges())
             .finish()
     }
@@ -94,12 +96,15 @@ impl SessionTable {
     pub fn new(cfg: SessionConfig) -> Self {
         let max = cfg.max_entries.max(1);
         let mut n = shard_count(cfg.shards);
-        while n > 1 && n > max {
+        // At least 16 entries per shard: the LRU bound is per shard, so a small table needs few
+        // shards to evict the truly least recently used.
+        while n > 1 && n * 16 > max {
             n /= 2;
         }
         SessionTable {
             shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
-            ttl_ms: cfg.ttl_ms,
+            ttl_ms: AtomicU64::new(cfg.ttl_ms),
+            max_entries: max,
             cap: max.div_ceil(n),
             entries: AtomicI64::new(0),
             evictions: AtomicU64::new(0),
@@ -107,12 +112,48 @@ impl SessionTable {
         }
     }
 
+    /// A table of `cfg` holding the most recently used live bindings of `from` (at most
+    /// `cfg.max_entries`): how a config reload that changes the table's size applies.
+    pub fn migrated(cfg: SessionConfig, from: &SessionTable, now_ms: u64) -> Self {
+        let t = SessionTable::new(cfg);
+        let mut live: Vec<(u64, Binding)> = Vec::with_capacity(from.len());
+        for shard in from.shards.iter() {
+            let sh = shard.lock();
+            live.extend(
+                sh.map
+                    .iter()
+                    .filter(|(_, b)| !from.is_expired(b, now_ms))
+                    .map(|(k, b)| (*k, *b)),
+            );
+        }
+        live.sort_unstable_by_key(|(_, b)| std::cmp::Reverse(b.last_used));
+        live.truncate(t.max_entries);
+        for (k, b) in live.into_iter().rev() {
+            t.bind(SessionKey(k), b.instance, b.last_used);
+        }
+        t
+    }
+
+    /// The settings this table applies (`shards` as built).
+    pub fn config(&self) -> SessionConfig {
+        SessionConfig {
+            ttl_ms: self.ttl_ms.load(Relaxed),
+            max_entries: self.max_entries,
+            shards: self.shards.len(),
+        }
+    }
+
+    /// Changes the binding lifetime in place (a config reload).
+    pub fn set_ttl_ms(&self, ttl_ms: u64) {
+        self.ttl_ms.store(ttl_ms, Relaxed);
+    }
+
     fn shard(&self, s: SessionKey) -> &Mutex<Shard> {
         &self.shards[shard_of(s.0, self.shards.len())]
     }
 
     fn is_expired(&self, b: &Binding, now_ms: u64) -> bool {
-        b.last_used.saturating_add(self.ttl_ms) < now_ms
+        b.last_used.saturating_add(self.ttl_ms.load(Relaxed)) < now_ms
     }
 
     /// The live binding of `s`, without refreshing it.
@@ -385,5 +426,32 @@ mod tests {
         assert!(t.len() <= 1000 + 64, "{}", t.len());
         assert!(t.len() >= 900, "{}", t.len());
         assert_eq!(t.gauges().evictions as usize + t.len(), 10_000);
+    }
+
+    #[test]
+    fn migrating_keeps_the_most_recent_bindings_within_the_new_bound() {
+        let t = table(1000, 100);
+        for i in 0..10u64 {
+            t.bind(SessionKey(i), InstanceKey(i % 3), i * 10);
+        }
+        // Session 0 expired by now (used at 0, ttl 1000, now 1005).
+        let small = SessionTable::migrated(
+            SessionConfig {
+                ttl_ms: 5000,
+                max_entries: 4,
+                ..SessionConfig::default()
+            },
+            &t,
+            1005,
+        );
+        assert_eq!(small.len(), 4);
+        for i in 6..10u64 {
+            assert_eq!(small.get(SessionKey(i), 1005), Some(InstanceKey(i % 3)));
+        }
+        assert_eq!(small.get(SessionKey(5), 1005), None);
+        assert_eq!(small.config().max_entries, 4);
+        // A TTL change applies in place.
+        small.set_ttl_ms(10);
+        assert_eq!(small.get(SessionKey(9), 1005), None);
     }
 }

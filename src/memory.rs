@@ -1,17 +1,9 @@
-//! Background upkeep of the routing state, every `prefix_index.maintenance_interval`:
-//! expired session bindings and prefix-index entries are swept, and when the process uses
-//! more memory than allowed the prefix indexes give back their least recently used entries.
+//! Memory readings and the prefix indexes' memory budget.
 //!
-//! The memory budget is the smaller of container memory × `memory_threshold_ratio` (0 →
-//! 0.70) and container memory − `reserved_memory_gib` (0 → 1.5 GiB). Container memory is
-//! read from cgroup v2 (`memory.max`), then cgroup v1 (`memory.limit_in_bytes`), then the
-//! host's `MemTotal` when unlimited; `memory_limit_bytes` overrides it.
-
-use crate::proxy::Shared;
-use crate::state::now_ms;
-use log::{info, warn};
-use std::sync::Arc;
-use std::time::Duration;
+//! The budget is the smaller of container memory × `memory_threshold_ratio` (0 → 0.70) and
+//! container memory − `reserved_memory_gib` (0 → 1.5 GiB). Container memory is read from
+//! cgroup v2 (`memory.max`), then cgroup v1 (`memory.limit_in_bytes`), then the host's
+//! `MemTotal` when unlimited; `memory_limit_bytes` overrides it.
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -78,72 +70,6 @@ pub fn process_rss() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
-}
-
-/// One maintenance pass. Returns the bytes evicted for memory.
-pub fn run_once(shared: &Shared) -> u64 {
-    let rt = shared.runtime.load();
-    let now = now_ms();
-    let scheds = rt.schedulers();
-    for (_, s) in &scheds {
-        s.sweep(now);
-    }
-    let policy = rt.memory;
-    let (Some(container), Some(rss)) = (
-        policy.limit_override.or_else(container_memory),
-        process_rss(),
-    ) else {
-        return 0;
-    };
-    let budget = policy.budget(container);
-    if rss <= budget {
-        return 0;
-    }
-    // Free the excess from the indexes, in proportion to their size.
-    let excess = rss - budget;
-    let total: u64 = scheds.iter().map(|(_, s)| s.index.approx_bytes()).sum();
-    if total == 0 {
-        return 0;
-    }
-    let mut freed = 0;
-    for (name, s) in &scheds {
-        let b = s.index.approx_bytes();
-        if b == 0 {
-            continue;
-        }
-        let share = ((excess as u128 * b as u128) / total as u128) as u64;
-        let f = s.index.evict_lru(share.clamp(1, b));
-        if f > 0 {
-            info!("prefix index {name}: evicted {f} bytes (process {rss} B > budget {budget} B)");
-        }
-        freed += f;
-    }
-    freed
-}
-
-/// Sleeps for `d` unless shutdown starts first; returns whether to go on.
-pub async fn sleep_or_stop(d: Duration, stop: &mut pingora::server::ShutdownWatch) -> bool {
-    if *stop.borrow() {
-        return false;
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(d) => true,
-        r = stop.changed() => r.is_ok() && !*stop.borrow(),
-    }
-}
-
-/// Runs [`run_once`] every `interval` until `stop` fires.
-pub async fn run(
-    shared: Arc<Shared>,
-    interval: Duration,
-    mut stop: pingora::server::ShutdownWatch,
-) {
-    while sleep_or_stop(interval, &mut stop).await {
-        let s = shared.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || run_once(&s)).await {
-            warn!("maintenance pass failed: {e}");
-        }
-    }
 }
 
 #[cfg(test)]

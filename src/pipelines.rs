@@ -1,0 +1,295 @@
+//! Config → pipelines: the one place where the YAML scheduler settings become the pure
+//! pipelines of `tokengate-plugins` (filters, then a picker composed of stages or scorers).
+//!
+//! | config | pipeline |
+//! |---|---|
+//! | no `scheduler` | `Available → NotTried →` [`FirstHit`] with no stage (load balancing) |
+//! | `mode: layered` | `Available → NotTried →` [`FirstHit`]: [`AffinityStage`] → [`PrefixStage`] → balancing |
+//! | `mode: policy` (service) | `Available → NotTried →` [`WeightedSum`] of the plugins' scorers |
+//! | `route_by: policy` | the same over every target's instances, with `DecisionTarget` first when a `decision-service` plugin is listed |
+//!
+//! Adding a scorer: write it in `plugins/` (a [`Scorer`]), add its variant to
+//! [`PluginSettings`] (its parameters are the variant's fields) and one arm to
+//! [`scorer_of`]. Nothing else matches on plugin kinds.
+
+use crate::api::{Api, RequestInfo};
+use crate::config::{KeySource, PluginSettings, PolicySettings, SchedulerConfig, ServiceConfig};
+use log::info;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use tokengate_plugins::{
+    AffinityStage, Available, DecisionTarget, FirstHit, LeastInflightScorer, LeastTokenScorer,
+    Needs, NotTried, Pipeline, PrefixLayerConfig, PrefixScorer, PrefixStage, Scorer,
+    SessionAffinityScorer, SessionConfig, SessionKey, SessionTable, WeightedSum,
+};
+
+/// A pipeline plus what it needs from a request: the session key sources and the session
+/// table it binds (when it has a session stage or scorer), and its request counter.
+pub struct Scheduler {
+    pub pipeline: Pipeline,
+    /// What the pipeline reads (computed once).
+    pub needs: Needs,
+    /// Where the session key comes from, first present wins.
+    pub session_sources: Vec<KeySource>,
+    /// The session table of the affinity stage or scorer.
+    pub sessions: Option<Arc<SessionTable>>,
+    /// `layered(affinity→prefix→least-token)`, `policy(affinity*1+inflight*1)`, …
+    pub describe: String,
+    turn: AtomicU64,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("describe", &self.describe)
+            .finish()
+    }
+}
+
+impl Scheduler {
+    fn new(
+        pipeline: Pipeline,
+        session_sources: Vec<KeySource>,
+        sessions: Option<Arc<SessionTable>>,
+        describe: String,
+    ) -> Self {
+        let needs = pipeline.needs();
+        Scheduler {
+            pipeline,
+            needs,
+            session_sources,
+            sessions,
+            describe,
+            turn: AtomicU64::new(0),
+        }
+    }
+
+    /// `layered`, `policy` or `balance`.
+    pub fn mode(&self) -> &'static str {
+        self.pipeline.mode()
+    }
+
+    /// The next value of the request counter (round-robin and tie rotation).
+    pub fn next_turn(&self) -> u64 {
+        self.turn.fetch_add(1, Relaxed)
+    }
+
+    /// The request's session key, when the pipeline reads one.
+    pub fn session_key(
+        &self,
+        headers: &http::HeaderMap,
+        info: &RequestInfo,
+        api: Api,
+    ) -> Option<SessionKey> {
+        if !self.needs.contains(Needs::SESSION) {
+            return None;
+        }
+        let body_ok = matches!(api, Api::Responses | Api::Messages);
+        session_key(&self.session_sources, headers, info, body_ok)
+    }
+
+    /// Frees expired session bindings.
+    pub fn sweep(&self, now_ms: u64) {
+        if let Some(s) = &self.sessions {
+            s.sweep_expired(now_ms);
+        }
+    }
+}
+
+/// The first session key found by `sources`. Body keys count only when `body_keys_allowed`
+/// (the Responses and Messages APIs: a chat/completions `user` is not a session).
+pub fn session_key(
+    sources: &[KeySource],
+    headers: &http::HeaderMap,
+    info: &RequestInfo,
+    body_keys_allowed: bool,
+) -> Option<SessionKey> {
+    for s in sources {
+        let v: Option<&str> = match s {
+            KeySource::Header(h) => headers.get(h.as_str()).and_then(|v| v.to_str().ok()),
+            KeySource::PromptCacheKey if body_keys_allowed => info.prompt_cache_key.as_deref(),
+            KeySource::User if body_keys_allowed => info.user.as_deref(),
+            KeySource::MetadataUserId if body_keys_allowed => info.metadata_user_id.as_deref(),
+            _ => None,
+        };
+        if let Some(v) = v.filter(|v| !v.is_empty()) {
+            return Some(SessionKey::of(v));
+        }
+    }
+    None
+}
+
+/// The session table for `cfg`: the previous scheduler's, when there was one (its bindings
+/// survive a reload; a new TTL applies in place, a new size rebuilds it keeping the most
+/// recently used bindings), else a fresh one.
+fn sessions_for(
+    who: &str,
+    cfg: SessionConfig,
+    prev: Option<&Scheduler>,
+    now_ms: u64,
+) -> Arc<SessionTable> {
+    let Some(old) = prev.and_then(|p| p.sessions.as_ref()) else {
+        return Arc::new(SessionTable::new(cfg));
+    };
+    let was = old.config();
+    if was.max_entries != cfg.max_entries {
+        info!(
+            "{who}: session table resized from {} to {} entries (keeping the most recently used)",
+            was.max_entries, cfg.max_entries
+        );
+        return Arc::new(SessionTable::migrated(cfg, old, now_ms));
+    }
+    if was.ttl_ms != cfg.ttl_ms {
+        info!(
+            "{who}: session ttl changed from {} ms to {} ms",
+            was.ttl_ms, cfg.ttl_ms
+        );
+        old.set_ttl_ms(cfg.ttl_ms);
+    }
+    old.clone()
+}
+
+/// The filters every scheduler starts with: available instances, not already tried.
+fn base(picker: impl tokengate_plugins::Picker + 'static) -> Pipeline {
+    Pipeline::new(picker).filter(Available).filter(NotTried)
+}
+
+/// The scheduler of `services[si]`. `prev` is the same service's scheduler before a reload,
+/// if it had the same mode (its session table is kept).
+pub fn service(
+    si: usize,
+    s: &ServiceConfig,
+    prev: Option<&Scheduler>,
+    now_ms: u64,
+) -> Result<Scheduler, String> {
+    let who = format!("service {}", s.name);
+    let lb = s.load_balancing;
+    Ok(match &s.scheduler {
+        None => Scheduler::new(
+            base(FirstHit::balance(lb)),
+            Vec::new(),
+            None,
+            format!("balance({lb})"),
+        ),
+        Some(SchedulerConfig::Layered { affinity, prefix }) => {
+            let mut fh = FirstHit::balance(lb);
+            let mut sources = Vec::new();
+            let mut sessions = None;
+            if let Some(a) = affinity {
+                let table = sessions_for(
+                    &who,
+                    SessionConfig {
+                        ttl_ms: a.ttl.as_millis() as u64,
+                        max_entries: a.max_entries,
+                        ..SessionConfig::default()
+                    },
+                    prev,
+                    now_ms,
+                );
+                fh = fh.then(AffinityStage::new(
+                    a.mode,
+                    a.soft_max_load_ratio,
+                    table.clone(),
+                ));
+                sources = a
+                    .headers
+                    .iter()
+                    .map(|h| KeySource::Header(h.to_ascii_lowercase()))
+                    .collect();
+                sessions = Some(table);
+            }
+            if let Some(p) = prefix {
+                fh = fh.then(PrefixStage(PrefixLayerConfig {
+                    min_hit_ratio: p.min_hit_ratio,
+                    load_tolerance: p.load_tolerance,
+                    waiting_threshold: p.waiting_threshold,
+                }));
+            }
+            let describe = format!("layered({})", fh.describe());
+            Scheduler::new(base(fh), sources, sessions, describe)
+        }
+        Some(SchedulerConfig::Policy(ps)) => policy(
+            &who,
+            &format!("services[{si}].scheduler.plugins"),
+            ps,
+            prev,
+            now_ms,
+        )?,
+    })
+}
+
+/// The policy scheduler of a service or a route (`route_by: policy`). A `decision-service`
+/// plugin becomes the [`DecisionTarget`] filter; the others are scorers. `path` is the
+/// settings' YAML path, for errors.
+pub fn policy(
+    who: &str,
+    path: &str,
+    ps: &PolicySettings,
+    prev: Option<&Scheduler>,
+    now_ms: u64,
+) -> Result<Scheduler, String> {
+    let mut sessions = None;
+    let mut decision = false;
+    let mut scorers: Vec<(Arc<dyn Scorer>, f64)> = Vec::new();
+    for p in &ps.plugins {
+        let Some(sc) = scorer_of(p, || {
+            sessions
+                .get_or_insert_with(|| {
+                    sessions_for(
+                        who,
+                        SessionConfig {
+                            ttl_ms: ps.session_ttl.as_millis() as u64,
+                            max_entries: ps.session_max_entries,
+                            ..SessionConfig::default()
+                        },
+                        prev,
+                        now_ms,
+                    )
+                })
+                .clone()
+        }) else {
+            decision = true;
+            continue;
+        };
+        scorers.push((sc, p.weight().unwrap_or(1.0)));
+    }
+    let describe = format!(
+        "policy({}{})",
+        if decision { "decision|" } else { "" },
+        scorers
+            .iter()
+            .map(|(s, w)| format!("{}*{w}", s.name()))
+            .collect::<Vec<_>>()
+            .join("+")
+    );
+    let picker = WeightedSum::new(scorers).map_err(|e| format!("{path}: {e}"))?;
+    let mut pipeline = base(picker);
+    if decision {
+        pipeline = pipeline.filter(DecisionTarget);
+    }
+    Ok(Scheduler::new(
+        pipeline,
+        ps.session_keys.clone(),
+        sessions,
+        describe,
+    ))
+}
+
+/// The scorer of a plugin; `None` for `decision-service`, which is a filter. `sessions`
+/// gives the scheduler's session table (created on first use).
+fn scorer_of(
+    p: &PluginSettings,
+    sessions: impl FnOnce() -> Arc<SessionTable>,
+) -> Option<Arc<dyn Scorer>> {
+    Some(match p {
+        PluginSettings::SessionAffinity { .. } => Arc::new(SessionAffinityScorer::new(sessions())),
+        PluginSettings::LeastInflight { .. } => Arc::new(LeastInflightScorer),
+        PluginSettings::LeastToken { token_scale, .. } => Arc::new(LeastTokenScorer {
+            token_scale: *token_scale,
+        }),
+        PluginSettings::PrefixCache { min_hit_ratio, .. } => Arc::new(PrefixScorer {
+            min_hit_ratio: *min_hit_ratio,
+        }),
+        PluginSettings::DecisionService { .. } => return None,
+    })
+}

@@ -1,0 +1,229 @@
+//! Phase 1, **admit**: who may send what. Local endpoints are answered here; an inference
+//! request passes the head-size limit, the method check and the API key, then its body is
+//! read (at most `max_body_bytes`, within `timeouts.client_body`) and parsed into a
+//! [`RequestInfo`]. Every refusal is an API-shaped error; nothing is sent upstream.
+
+use super::{reject, respond, Ctx};
+use crate::api::{self, Api, RequestInfo};
+use crate::error::GatewayError;
+use crate::runtime::Runtime;
+use bytes::Bytes;
+use pingora::http::RequestHeader;
+use pingora::prelude::*;
+use pingora::proxy::Session;
+use pingora::ErrorType;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest request head (request line + headers) accepted; larger ones get 431. Engines
+/// reject far smaller heads (uvicorn/h11: 64 KiB), so forwarding them is pointless.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// An admitted inference request.
+pub struct Admitted {
+    pub api: Api,
+    pub runtime: Arc<Runtime>,
+    pub body: Bytes,
+    pub info: RequestInfo,
+}
+
+/// Constant-time comparison of a presented key with a configured one.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn header_str<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
+    req.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The key a client presented: `Authorization: Bearer …` (OpenAI SDKs) or `x-api-key`
+/// (Anthropic SDKs).
+fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
+    if let Some(v) = req.headers.get("authorization") {
+        let v = v.as_bytes();
+        if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
+            return Some(v[7..].trim_ascii());
+        }
+    }
+    req.headers
+        .get("x-api-key")
+        .map(|v| v.as_bytes().trim_ascii())
+}
+
+/// Admits the request or answers it. `Ok(None)`: answered (a local endpoint or a refusal).
+pub async fn admit(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    rt: Arc<Runtime>,
+) -> Result<Option<Admitted>> {
+    let req = session.req_header();
+    let path = req.uri.path();
+    let method = req.method.clone();
+    let Some(api) = Api::from_path(path) else {
+        local_endpoint(session, ctx, &rt).await?;
+        return Ok(None);
+    };
+    ctx.api = Some(api);
+    let head_bytes = req.raw_path().len()
+        + req
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>();
+    if head_bytes > MAX_HEADER_BYTES {
+        let e = GatewayError::BadRequest(format!(
+            "request headers too large ({head_bytes} bytes; at most {MAX_HEADER_BYTES})"
+        ));
+        reject(session, ctx, 431, e).await?;
+        return Ok(None);
+    }
+    if method != http::Method::POST {
+        let e = GatewayError::MethodNotAllowed(format!(
+            "method {method} is not allowed on {path}; use POST"
+        ));
+        reject(session, ctx, e.status(), e).await?;
+        return Ok(None);
+    }
+    // Auth before anything is read.
+    if !rt.api_keys.is_empty() {
+        let presented = presented_key(session.req_header());
+        if !presented.is_some_and(|k| rt.api_keys.iter().any(|c| ct_eq(k, c))) {
+            let msg = if presented.is_some() {
+                "invalid API key"
+            } else {
+                "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
+            };
+            let e = GatewayError::Unauthorized(msg.into());
+            reject(session, ctx, e.status(), e).await?;
+            return Ok(None);
+        }
+    }
+    let max = rt.max_body_bytes;
+    if let Some(cl) = header_str(session.req_header(), "content-length") {
+        if cl.trim().parse::<usize>().is_ok_and(|n| n > max) {
+            let e = GatewayError::PayloadTooLarge(format!(
+                "request body of {cl} bytes exceeds max_body_bytes ({max} bytes)"
+            ));
+            reject(session, ctx, e.status(), e).await?;
+            return Ok(None);
+        }
+    }
+    if header_str(session.req_header(), "expect")
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+    {
+        session.req_header_mut().remove_header("expect");
+        session
+            .downstream_session
+            .write_continue_response()
+            .await
+            .map_err(|e| e.into_down())?;
+    }
+    session.enable_retry_buffering();
+    let body = match read_body(session, max, rt.timeouts.client_body).await? {
+        Ok(b) => b,
+        Err(e) => {
+            reject(session, ctx, e.status(), e).await?;
+            return Ok(None);
+        }
+    };
+    let info = match api::parse_request(api, &body) {
+        Ok(i) => i,
+        Err(e) => {
+            reject(session, ctx, e.status(), e).await?;
+            return Ok(None);
+        }
+    };
+    Ok(Some(Admitted {
+        api,
+        runtime: rt,
+        body,
+        info,
+    }))
+}
+
+/// `GET /v1/models`, `GET /health`, and the errors for every other path.
+async fn local_endpoint(session: &mut Session, ctx: &mut Ctx, rt: &Runtime) -> Result<()> {
+    let req = session.req_header();
+    let path = req.uri.path().to_string();
+    let method = req.method.clone();
+    match (method.as_str(), path.trim_end_matches('/')) {
+        ("GET", "/v1/models") => {
+            ctx.local_status = Some(200);
+            let body = serde_json::to_vec(&rt.models_json()).unwrap_or_default();
+            respond(session, 200, "application/json", body, &ctx.request_id).await
+        }
+        ("GET", "/health") => {
+            ctx.local_status = Some(200);
+            respond(
+                session,
+                200,
+                "text/plain",
+                b"ok\n".to_vec(),
+                &ctx.request_id,
+            )
+            .await
+        }
+        (_, "/v1/models") | (_, "/health") => {
+            let e = GatewayError::MethodNotAllowed(format!(
+                "method {method} is not allowed on {path}; use GET"
+            ));
+            reject(session, ctx, e.status(), e).await.map(|_| ())
+        }
+        _ => {
+            let e = GatewayError::NotFound(format!(
+                "unknown path {path}; tokengate serves POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and GET /v1/models"
+            ));
+            reject(session, ctx, e.status(), e).await.map(|_| ())
+        }
+    }
+}
+
+/// Reads the whole request body, at most `max` bytes, within `timeout` (a slow-loris
+/// upload is a 408, not a connection held forever).
+async fn read_body(
+    session: &mut Session,
+    max: usize,
+    timeout: Duration,
+) -> Result<Result<Bytes, GatewayError>> {
+    // Each read waits at most `timeout` too (Pingora's default per read is 60 s).
+    session.downstream_session.set_read_timeout(Some(timeout));
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut parts: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
+    loop {
+        let slow = || {
+            Ok(Err(GatewayError::RequestTimeout(format!(
+                "request body not received within timeouts.client_body ({})",
+                humantime::format_duration(timeout)
+            ))))
+        };
+        let chunk = match tokio::time::timeout_at(deadline, session.read_request_body()).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) if e.etype() == &ErrorType::ReadTimedout => return slow(),
+            Ok(Err(e)) => return Err(e.into_down()),
+            Err(_) => return slow(),
+        };
+        let Some(chunk) = chunk else { break };
+        len += chunk.len();
+        if len > max {
+            return Ok(Err(GatewayError::PayloadTooLarge(format!(
+                "request body exceeds max_body_bytes ({max} bytes)"
+            ))));
+        }
+        parts.push(chunk);
+    }
+    Ok(Ok(match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.pop().unwrap_or_default(),
+        _ => {
+            let mut v = Vec::with_capacity(len);
+            for p in &parts {
+                v.extend_from_slice(p);
+            }
+            Bytes::from(v)
+        }
+    }))
+}

@@ -1,0 +1,197 @@
+//! Phase 4, **complete**: how each leg ended goes back where it is learned from. The load
+//! guard returns the leg's counters (completed / errors / cancelled); the instance's passive
+//! health counts a failure or a success; the scheduler hears the outcome (a completed
+//! request refreshes its session binding); the service's prefix index refreshes the prompt
+//! on success; the metrics (per model and service: tokens, prefix ceiling / predicted /
+//! engine hits, TTFT, duration, status) and one access-log line record the request.
+//!
+//! [`finish`] runs once per request, from Pingora's `logging` hook, whatever path the request
+//! took; [`attempt_failed`] ends an attempt that is retried on another instance.
+
+use super::{Ctx, Leg, Plan};
+use crate::clock::now_ms;
+use crate::load::Outcome;
+use crate::runtime::{Instance, Runtime};
+use crate::shared::Shared;
+use log::{info, warn};
+use pingora::prelude::*;
+use pingora::proxy::Session;
+use std::sync::Arc;
+use tokengate_plugins::{Completion, RequestView};
+
+/// Feeds a request's outcome to the instance's passive health.
+fn passive(inst: &Arc<Instance>, failed: bool, rt: &Runtime) {
+    let p = &rt.passive;
+    let eject_ms = p.eject_for.as_millis() as u64;
+    if inst
+        .health
+        .on_request(failed, p.max_failures, eject_ms, now_ms())
+    {
+        warn!(
+            "instance {} ejected for {:?} after {} consecutive failed requests",
+            inst.id, p.eject_for, p.max_failures
+        );
+    }
+}
+
+/// Tells the leg's scheduler how it ended.
+fn feedback(leg: &Leg, plan: &Plan, done: &Completion) {
+    let Some(s) = leg.by.scheduler() else { return };
+    let view = RequestView {
+        session: leg.session,
+        blocks: &plan.blocks,
+        now_ms: now_ms(),
+        ..RequestView::default()
+    };
+    s.pipeline.on_complete(&view, &leg.cand, done);
+}
+
+/// The current attempt's main leg failed and the request is retried elsewhere. 5xx and
+/// connect failures count against the instance's passive health; a 429 (busy, not broken)
+/// does not: ejecting busy engines under overload would turn a slowdown into an outage.
+pub fn attempt_failed(ctx: &mut Ctx, plan: &Plan, retried_status: Option<u16>) {
+    let Some(pos) = ctx.legs.iter().position(|l| l.role == super::LegRole::Main) else {
+        return;
+    };
+    let leg = ctx.legs.swap_remove(pos);
+    if retried_status.is_none_or(|s| s >= 500) {
+        passive(&leg.instance, true, &plan.runtime);
+    }
+    feedback(&leg, plan, &Completion::of(Outcome::Failed));
+    leg.guard.finish(Outcome::Failed);
+}
+
+/// Whether the instance is to blame: an upstream-side error, or a 5xx it answered.
+fn upstream_failed(e: Option<&Error>, upstream_status: Option<u16>) -> bool {
+    e.is_some_and(|e| e.esource() == &pingora::ErrorSource::Upstream)
+        || upstream_status.is_some_and(|s| s >= 500)
+}
+
+/// `logging`: completes the request. Runs exactly once per request (for a request whose
+/// body went to a subrequest, in the subrequest).
+pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
+    if ctx.delegated {
+        return; // the subrequest that carried this request completes it
+    }
+    let status = ctx
+        .local_status
+        .or_else(|| session.response_written().map(|r| r.status.as_u16()))
+        .unwrap_or(0);
+    let client_left = e.is_some_and(|e| e.esource() == &pingora::ErrorSource::Downstream);
+    let outcome = if ctx.deadline_hit || upstream_failed(e, ctx.response.upstream_status) {
+        Outcome::Failed
+    } else if client_left {
+        Outcome::Cancelled
+    } else if e.is_some() || status == 0 {
+        Outcome::Failed
+    } else {
+        Outcome::Completed
+    };
+    let u = ctx.response.usage;
+    let m = &shared.metrics;
+    let legs = std::mem::take(&mut ctx.legs);
+    let mut model: &str = ctx.plan.as_ref().map_or("-", |p| p.dest.name());
+    let mut served_by = None;
+    if let Some(plan) = ctx.plan.as_ref() {
+        for leg in legs {
+            let dispatched = leg.dispatched.is_some();
+            if dispatched {
+                match outcome {
+                    Outcome::Failed => passive(&leg.instance, true, &plan.runtime),
+                    Outcome::Completed => passive(&leg.instance, false, &plan.runtime),
+                    Outcome::Cancelled => {}
+                }
+            }
+            let done = Completion {
+                outcome,
+                ttft_ms: match (leg.dispatched, ctx.response.ttft) {
+                    (Some(d), Some(t)) => {
+                        let since_dispatch = d.saturating_duration_since(ctx.start);
+                        Some(t.saturating_sub(since_dispatch).as_secs_f64() * 1e3)
+                    }
+                    _ => None,
+                },
+                prompt_tokens: u.prompt,
+                cached_tokens: u.cached,
+            };
+            feedback(&leg, plan, &done);
+            if dispatched {
+                if outcome == Outcome::Completed {
+                    leg.service
+                        .index
+                        .touch(&plan.blocks, leg.instance.key, now_ms());
+                }
+                // The hit-rate figures of every routed request, per service.
+                let c = &leg.service.counters;
+                let bt = plan.runtime.block_tokens as u64;
+                c.prefix_prompt
+                    .inc_by(u64::from(leg.prefix.prompt_blocks) * bt);
+                c.prefix_ceiling.inc_by(u64::from(leg.prefix.best) * bt);
+                c.prefix_predicted
+                    .inc_by(u64::from(leg.prefix.matched) * bt);
+                if let (Some(prompt), Some(cached)) = (u.prompt, u.cached) {
+                    c.engine_prompt.inc_by(prompt);
+                    c.engine_cached.inc_by(cached);
+                }
+                if let Some(p) = u.prompt {
+                    c.tokens_prompt.inc_by(p);
+                }
+                if let Some(x) = u.completion {
+                    c.tokens_completion.inc_by(x);
+                }
+                if let Some(x) = u.cached {
+                    c.tokens_cached.inc_by(x);
+                }
+                served_by = Some(leg.instance.clone());
+            }
+            leg.guard.finish(outcome);
+        }
+    }
+    if let Some(i) = served_by.as_ref() {
+        model = i.service.as_str();
+    }
+    let instance = served_by.as_ref().map_or("-", |i| i.id.as_str());
+    let code = status.to_string();
+    m.requests
+        .with_label_values(&[model, instance, code.as_str()])
+        .inc();
+    let dur = ctx.start.elapsed();
+    if ctx.plan.is_some() {
+        m.duration
+            .with_label_values(&[model])
+            .observe(dur.as_secs_f64());
+    }
+    let stream = ctx.plan.as_ref().is_some_and(|r| r.info.stream);
+    if let (true, Some(t)) = (stream, ctx.response.ttft) {
+        m.ttft.with_label_values(&[model]).observe(t.as_secs_f64());
+    }
+    // Nothing of the access line is formatted when its target is off.
+    if log::log_enabled!(target: "access", log::Level::Info) {
+        let req = session.req_header();
+        let err = match (e, ctx.local_error.as_deref()) {
+            (_, Some(m)) => format!(" error={m:?}"),
+            (Some(e), None) => format!(" error={:?}", e.to_string()),
+            _ => String::new(),
+        };
+        info!(
+            target: "access",
+            "{} {} {} model={} instance={} status={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
+            req.method,
+            req.uri.path(),
+            if stream { "stream" } else { "unary" },
+            ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
+            instance,
+            status,
+            ctx.response
+                .ttft
+                .map_or("-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),
+            dur.as_secs_f64() * 1e3,
+            u.prompt.map_or("-".into(), |v| v.to_string()),
+            u.completion.map_or("-".into(), |v| v.to_string()),
+            u.cached.map_or("-".into(), |v| v.to_string()),
+            if ctx.reason.is_empty() { "-" } else { ctx.reason.as_ref() },
+            ctx.request_id,
+            err,
+        );
+    }
+}

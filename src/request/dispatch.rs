@@ -1,0 +1,350 @@
+//! Phase 3, **dispatch**: each leg to its engine, and its response observed as it streams.
+//!
+//! * [`peer`] (`upstream_peer`): on a retry the failed attempt's leg is completed and the
+//!   plan picks again without the instances already tried; the leg is then dispatched (the
+//!   scheduler learns it — a session binds —, the prompt goes into the service's prefix
+//!   index, the decision is counted and, at debug level, explained) and its `HttpPeer` built.
+//! * [`upstream_request`] / [`request_body`]: headers fixed for the engine, our copy of the
+//!   body sent whole on every attempt.
+//! * [`retry_on_status`], [`error_while_proxy`], [`fail_to_connect`]: what is retried on
+//!   another instance (before any response byte reached the client: a refused or reset
+//!   connection, a retryable status such as 503/429), at most [`MAX_ATTEMPTS`].
+//! * [`response_header`] / [`response_body`]: the routing headers; the **first token** (the
+//!   first SSE event carrying output, or the end of a non-stream body) ends the leg's prefill
+//!   phase and gives the TTFT; the usage is read from the JSON body or the SSE events.
+
+use super::{complete, plan, Ctx};
+use crate::api;
+use crate::clock::now_ms;
+use crate::error::GatewayError;
+use crate::shared::Shared;
+use crate::usage::{JsonCollector, SseScanner};
+use bytes::Bytes;
+use http::HeaderValue;
+use log::{debug, warn};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::*;
+use pingora::proxy::Session;
+use pingora::upstreams::peer::HttpPeer;
+use pingora::ErrorType;
+use std::time::{Duration, Instant};
+use tokengate_plugins::RequestView;
+
+/// Attempts per request (first try + retries to other instances after a connect failure,
+/// a reset before the answer, or a retryable status, `passive_health.retry_on_status`).
+pub const MAX_ATTEMPTS: usize = 3;
+/// The error an attempt ends with when the engine answered a retryable status.
+const RETRY_STATUS: ErrorType = ErrorType::Custom("engine answered a retryable status");
+
+/// A Pingora error that `fail_to_proxy` turns into this gateway error.
+pub fn gw_err(e: GatewayError) -> Box<Error> {
+    Error::explain(ErrorType::HTTPStatus(e.status()), e.to_string())
+}
+
+/// Whether another attempt is allowed: attempts left and an untried available instance.
+pub fn can_retry(ctx: &Ctx) -> bool {
+    ctx.plan
+        .as_ref()
+        .is_some_and(|p| ctx.tried.len() < MAX_ATTEMPTS && p.dest.has_untried(&ctx.tried))
+}
+
+/// `upstream_peer`: dispatches the main leg (picking it again on a retry) and returns its
+/// peer.
+pub fn peer(shared: &Shared, session: &Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+    let Some(plan) = ctx.plan.clone() else {
+        return Err(Error::explain(ErrorType::InternalError, "no plan"));
+    };
+    // A retry: the previous attempt failed to connect, or its engine answered a retryable
+    // status, or reset the connection before answering.
+    let retried = ctx.response.retry_status.take();
+    ctx.response.answered = false;
+    if ctx.main_leg().is_some_and(|l| l.dispatched.is_some()) {
+        complete::attempt_failed(ctx, &plan, retried);
+    }
+    if ctx.main_leg().is_none() {
+        if ctx.tried.len() >= MAX_ATTEMPTS {
+            return Err(gw_err(GatewayError::BadGateway(format!(
+                "{} attempts to reach an instance of {:?} failed",
+                ctx.tried.len(),
+                plan.dest.name()
+            ))));
+        }
+        let leg = plan::pick(&plan, &session.req_header().headers, &ctx.tried).map_err(gw_err)?;
+        ctx.legs.push(leg);
+    }
+    let Some(leg) = ctx.main_leg_mut() else {
+        return Err(Error::explain(ErrorType::InternalError, "no leg"));
+    };
+    leg.dispatched = Some(Instant::now());
+    // The scheduler and the prefix index learn the dispatch.
+    if let Some(s) = leg.by.scheduler() {
+        let view = RequestView {
+            session: leg.session,
+            blocks: &plan.blocks,
+            now_ms: now_ms(),
+            ..RequestView::default()
+        };
+        s.pipeline.on_dispatch(&view, &leg.cand);
+    }
+    leg.service
+        .index
+        .insert(&plan.blocks, leg.instance.key, now_ms());
+    shared
+        .metrics
+        .decisions
+        .with_label_values(&[leg.metric_reason()])
+        .inc();
+    if let Some(x) = &leg.explain {
+        debug!(
+            "route {} model={} dest={} {}",
+            plan.request_id,
+            plan.info.model,
+            plan.dest.name(),
+            x
+        );
+    }
+    let inst = leg.instance.clone();
+    let service_name = leg.service.name.clone();
+    ctx.reason = leg.reason.clone();
+    ctx.tried.push(inst.key);
+    // The engine serves the service's name: rewrite `model` when the client named a route
+    // or fell back to the default model.
+    if service_name != plan.info.model {
+        if let Some(b) = ctx
+            .body
+            .as_ref()
+            .and_then(|b| api::rewrite_model(b, &service_name))
+        {
+            ctx.body = Some(Bytes::from(b));
+        }
+    }
+    let t = &plan.runtime.timeouts;
+    let mut peer = HttpPeer::new(inst.addr, false, String::new());
+    peer.options.connection_timeout = Some(t.connect);
+    peer.options.total_connection_timeout = Some(t.connect);
+    peer.options.read_timeout = Some(t.first_byte.max(t.idle));
+    peer.options.write_timeout = Some(t.idle);
+    peer.options.idle_timeout = Some(Duration::from_secs(60));
+    Ok(Box::new(peer))
+}
+
+/// `fail_to_connect`: retry on another instance when one is left.
+pub fn fail_to_connect(ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
+    if can_retry(ctx) {
+        warn!(
+            "request {}: connect to {} failed ({e}); retrying on another instance",
+            ctx.request_id,
+            ctx.instance_id()
+        );
+        e.set_retry(true);
+    }
+    e
+}
+
+/// `upstream_response_filter`: an engine answered a retryable status
+/// (`passive_health.retry_on_status`) before any response byte reached the client: end this
+/// attempt with a retryable error, so that Pingora calls `upstream_peer` again (another
+/// instance) and replays the body through `request_body_filter`. Nothing has been written
+/// downstream yet: Pingora runs the response filters on a batch of upstream tasks before
+/// writing any of them. With no attempt or instance left, the engine's answer is passed
+/// through.
+pub fn retry_on_status(resp: &ResponseHeader, ctx: &mut Ctx) -> Result<()> {
+    let status = resp.status.as_u16();
+    let retryable = ctx
+        .plan
+        .as_ref()
+        .is_some_and(|p| p.runtime.passive.retry_on_status.contains(&status));
+    if retryable && ctx.local_status.is_none() && can_retry(ctx) {
+        warn!(
+            "request {}: instance {} answered {status}; retrying on another instance",
+            ctx.request_id,
+            ctx.instance_id()
+        );
+        ctx.response.retry_status = Some(status);
+        let mut e = Error::explain(
+            RETRY_STATUS,
+            format!("instance {} answered {status}", ctx.instance_id()),
+        );
+        e.set_retry(true);
+        return Err(e.into_up());
+    }
+    ctx.response.answered = true;
+    Ok(())
+}
+
+/// `error_while_proxy`: Pingora's default never retries a POST once connected. Here an
+/// attempt is retried on another instance when the engine answered a retryable status
+/// ([`retry_on_status`]), or when its connection was closed or reset before it answered
+/// anything (an engine refusing work, a stale pooled connection): nothing reached the client
+/// and the body is replayed from our own copy, whatever its size. Timeouts are not retried
+/// (they would multiply the wait). Anything else: Pingora's default.
+pub fn error_while_proxy(
+    peer: &HttpPeer,
+    session: &mut Session,
+    e: Box<Error>,
+    ctx: &mut Ctx,
+    client_reused: bool,
+) -> Box<Error> {
+    let mut e = e.more_context(format!("Peer: {peer}"));
+    let reset_before_answer = !ctx.response.answered
+        && e.esource() == &pingora::ErrorSource::Upstream
+        && matches!(
+            e.etype(),
+            ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+        )
+        && session.response_written().is_none();
+    if ctx.response.retry_status.is_some() && e.etype() == &RETRY_STATUS {
+        e.set_retry(true);
+    } else if reset_before_answer && can_retry(ctx) {
+        warn!(
+            "request {}: instance {} closed the connection before answering ({e}); retrying on another instance",
+            ctx.request_id,
+            ctx.instance_id()
+        );
+        ctx.response.retry_status = None;
+        e.set_retry(true);
+    } else {
+        ctx.response.retry_status = None;
+        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+    }
+    e
+}
+
+/// `upstream_request_filter`: headers for the engine.
+pub fn upstream_request(up: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
+    let len = ctx.body.as_ref().map_or(0, Bytes::len);
+    up.remove_header("transfer-encoding");
+    up.remove_header("expect");
+    up.insert_header(http::header::CONTENT_LENGTH, HeaderValue::from(len))?;
+    // The gateway parses the response: no compression.
+    up.remove_header("accept-encoding");
+    if let Some(id) = ctx.request_id_header.clone() {
+        up.insert_header("x-request-id", id)?;
+    }
+    if let Some(plan) = ctx.plan.as_ref() {
+        if !plan.forward_auth {
+            // The client's key is the gateway's, not the engine's.
+            up.remove_header("authorization");
+            up.remove_header("x-api-key");
+        }
+    }
+    Ok(())
+}
+
+/// `request_body_filter`: the client's body was read while admitting; send our copy, whole,
+/// once per attempt.
+pub fn request_body(body: &mut Option<Bytes>, end_of_stream: bool, ctx: &Ctx) {
+    if end_of_stream {
+        *body = ctx.body.clone().filter(|b| !b.is_empty());
+    } else {
+        *body = None;
+    }
+}
+
+/// `response_filter`: the engine's response header arrived (the prefill phase goes on until
+/// the first token); adds the routing headers.
+pub fn response_header(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
+    if ctx.local_status.is_some() {
+        return Ok(());
+    }
+    ctx.response.upstream_status = Some(resp.status.as_u16());
+    let is_sse = resp
+        .headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let strip = ctx.plan.as_ref().is_some_and(|r| r.strip_usage);
+    if is_sse {
+        ctx.response.sse = Some(SseScanner::new(strip));
+        if strip {
+            resp.remove_header("content-length");
+        }
+    } else {
+        ctx.response.json = Some(JsonCollector::default());
+    }
+    if let Some(l) = ctx.main_leg() {
+        resp.insert_header("x-tokengate-instance", l.instance.id_header.clone())?;
+    }
+    if !ctx.reason.is_empty() {
+        // Static reasons are shared, not copied.
+        let reason = match &ctx.reason {
+            std::borrow::Cow::Borrowed(r) => {
+                HeaderValue::from_maybe_shared(Bytes::from_static(r.as_bytes()))
+            }
+            std::borrow::Cow::Owned(r) => HeaderValue::from_str(r),
+        };
+        if let Ok(r) = reason {
+            resp.insert_header("x-tokengate-reason", r)?;
+        }
+    }
+    if let Some(id) = ctx.request_id_header.clone() {
+        resp.insert_header("x-request-id", id)?;
+    }
+    Ok(())
+}
+
+/// Marks the first token: the leg leaves its prefill phase, the TTFT is taken.
+fn first_token(ctx: &mut Ctx) {
+    if std::mem::replace(&mut ctx.response.first_token, true) {
+        return;
+    }
+    ctx.response.ttft = Some(ctx.start.elapsed());
+    if let Some(l) = ctx.main_leg_mut() {
+        l.guard.first_token();
+    }
+}
+
+/// `response_body_filter`: first token, usage, the total deadline.
+pub fn response_body(
+    body: &mut Option<Bytes>,
+    end_of_stream: bool,
+    ctx: &mut Ctx,
+) -> Result<Option<Duration>> {
+    if ctx.local_status.is_some() {
+        return Ok(None);
+    }
+    if let Some(b) = body.as_ref() {
+        if let Some(sse) = ctx.response.sse.as_mut() {
+            if let Some(replaced) = sse.feed(b) {
+                *body = Some(replaced);
+            }
+            if sse.first_token {
+                first_token(ctx);
+            }
+        } else if let Some(j) = ctx.response.json.as_mut() {
+            j.feed(b);
+        }
+    }
+    if end_of_stream {
+        if let Some(sse) = ctx.response.sse.as_mut() {
+            if let Some(rest) = sse.finish() {
+                if !rest.is_empty() {
+                    let mut v = body.take().map(|b| b.to_vec()).unwrap_or_default();
+                    v.extend_from_slice(&rest);
+                    *body = Some(Bytes::from(v));
+                }
+            }
+            ctx.response.usage = sse.usage;
+        } else {
+            if let Some(j) = ctx.response.json.as_mut() {
+                ctx.response.usage = j.finish().unwrap_or_default();
+            }
+            // A non-stream body holds every token: the whole of it is the first token.
+            first_token(ctx);
+        }
+    } else if let Some(plan) = ctx.plan.as_ref() {
+        if ctx.start.elapsed() > plan.runtime.timeouts.total {
+            ctx.deadline_hit = true;
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(504),
+                "request exceeded timeouts.total",
+            ));
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,288 @@
+//! One request's lifecycle, in four phases with one home each. Pingora's hooks
+//! ([`crate::proxy`]) only call them.
+//!
+//! | phase | module | Pingora hook | what |
+//! |---|---|---|---|
+//! | **admit** | [`admit`] | `request_filter` | local endpoints, head limits, method, auth, the body read (bounded, timed) and parsed |
+//! | **plan** | [`plan`] | `request_filter` | model → service or route, the decision service, the prompt's blocks, picking the instance(s): a [`Leg`] per upstream, each holding its own load guard |
+//! | **dispatch** | [`dispatch`] | `upstream_peer` … `response_body_filter` | each leg to its engine (peer, headers, body), retries to another instance, the response observed as it streams: first token, usage |
+//! | **complete** | [`complete`] | `logging` | each leg's outcome into the load table, passive health, the scheduler (session) and the prefix index; metrics; the access-log line |
+//!
+//! Bodies above Pingora's 64 KiB retry buffer go through the same phases: the main request
+//! admits and plans, then hands the plan and its legs to a subrequest ([`crate::bigbody`])
+//! whose hooks dispatch and complete.
+
+pub mod admit;
+pub mod complete;
+pub mod dispatch;
+pub mod plan;
+
+use crate::api::{Api, RequestInfo};
+use crate::load::LoadGuard;
+use crate::runtime::{Dest, Instance, Route, Runtime, Service};
+use crate::usage::{JsonCollector, SseScanner, Usage};
+use bytes::Bytes;
+use http::HeaderValue;
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use pingora::proxy::Session;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokengate_plugins::{Candidate, InstanceKey, SessionKey};
+
+/// A planned request: what every attempt and every leg needs.
+#[derive(Clone)]
+pub struct Plan {
+    pub api: Api,
+    pub info: Arc<RequestInfo>,
+    /// The service or route the request's `model` resolved to.
+    pub dest: Dest,
+    /// The decision service's choice of target (routes with a decision-service plugin).
+    pub decision: Option<u32>,
+    pub runtime: Arc<Runtime>,
+    pub start: Instant,
+    pub request_id: String,
+    /// The prompt's chained block hashes (prefix index key).
+    pub blocks: Arc<[u64]>,
+    /// The gateway added `stream_options.include_usage`; remove the usage chunk downstream.
+    pub strip_usage: bool,
+    /// Forward the client's Authorization / x-api-key headers (gateway auth disabled).
+    pub forward_auth: bool,
+}
+
+/// Which scheduler chose a leg (to tell it how the request ended).
+#[derive(Clone)]
+pub enum ChosenBy {
+    Service(Arc<Service>),
+    Route(Arc<Route>),
+}
+
+impl ChosenBy {
+    pub fn scheduler(&self) -> Option<&crate::pipelines::Scheduler> {
+        match self {
+            ChosenBy::Service(s) => Some(&s.sched),
+            ChosenBy::Route(r) => r.scheduler(),
+        }
+    }
+}
+
+/// What a leg is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LegRole {
+    /// The upstream whose response the client receives.
+    Main,
+}
+
+/// Prefix-cache figures of one decision, in blocks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrefixFigures {
+    pub prompt_blocks: u32,
+    /// The chosen instance's match (predicted hit).
+    pub matched: u32,
+    /// The best match over the candidates (the ceiling).
+    pub best: u32,
+}
+
+/// One upstream of a request: the instance the plan chose, why, and the load it holds there
+/// (released exactly once, whatever happens: [`LoadGuard`]).
+pub struct Leg {
+    pub role: LegRole,
+    pub service: Arc<Service>,
+    pub instance: Arc<Instance>,
+    pub by: ChosenBy,
+    /// The instance as the pipeline saw it.
+    pub cand: Candidate,
+    pub session: Option<SessionKey>,
+    pub reason: Cow<'static, str>,
+    pub prefix: PrefixFigures,
+    /// One line with every candidate's numbers (built only when debug logging is on).
+    pub explain: Option<String>,
+    pub guard: LoadGuard<Instance>,
+    /// When the leg was sent (set by dispatch).
+    pub dispatched: Option<Instant>,
+}
+
+impl Leg {
+    /// Bounded label for the decisions counter: the reason up to its first parenthesis.
+    pub fn metric_reason(&self) -> &str {
+        let r: &str = &self.reason;
+        r.split('(').next().unwrap_or(r)
+    }
+}
+
+/// What the response of the current attempt has shown so far.
+#[derive(Default)]
+pub struct ResponseState {
+    /// Request arrival → first token.
+    pub ttft: Option<Duration>,
+    pub first_token: bool,
+    pub sse: Option<SseScanner>,
+    pub json: Option<JsonCollector>,
+    pub usage: Usage,
+    pub upstream_status: Option<u16>,
+    /// The current attempt received a response header.
+    pub answered: bool,
+    /// The current attempt ended with this retryable engine status (see
+    /// `dispatch::on_response_header`); the next attempt releases it.
+    pub retry_status: Option<u16>,
+}
+
+/// Per-request context (Pingora's CTX).
+pub struct Ctx {
+    pub start: Instant,
+    pub request_id: String,
+    /// `request_id` as a header value, built once for the upstream request and the response.
+    pub request_id_header: Option<HeaderValue>,
+    pub api: Option<Api>,
+    pub plan: Option<Plan>,
+    /// The body sent upstream (the client's bytes, or a rewrite).
+    pub body: Option<Bytes>,
+    /// The current attempt's legs (the main leg first).
+    pub legs: Vec<Leg>,
+    /// Instances already tried by this request.
+    pub tried: Vec<InstanceKey>,
+    /// The reason of the last dispatched main leg (kept for the access log after it ends).
+    pub reason: Cow<'static, str>,
+    pub response: ResponseState,
+    /// Main request whose body went to a subrequest; the subrequest accounts for it.
+    pub delegated: bool,
+    /// Status of a response the gateway wrote itself.
+    pub local_status: Option<u16>,
+    pub local_error: Option<String>,
+    pub deadline_hit: bool,
+}
+
+impl Ctx {
+    pub fn new() -> Ctx {
+        Ctx {
+            start: Instant::now(),
+            request_id: String::new(),
+            request_id_header: None,
+            api: None,
+            plan: None,
+            body: None,
+            legs: Vec::new(),
+            tried: Vec::new(),
+            reason: Cow::Borrowed(""),
+            response: ResponseState::default(),
+            delegated: false,
+            local_status: None,
+            local_error: None,
+            deadline_hit: false,
+        }
+    }
+
+    /// The main leg of the current attempt.
+    pub fn main_leg(&self) -> Option<&Leg> {
+        self.legs.iter().find(|l| l.role == LegRole::Main)
+    }
+
+    pub fn main_leg_mut(&mut self) -> Option<&mut Leg> {
+        self.legs.iter_mut().find(|l| l.role == LegRole::Main)
+    }
+
+    /// The instance of the current attempt, `-` before one is chosen.
+    pub fn instance_id(&self) -> &str {
+        self.main_leg().map_or("-", |l| l.instance.id.as_str())
+    }
+
+    pub fn anthropic(&self) -> bool {
+        self.api.is_some_and(Api::is_anthropic)
+    }
+
+    /// Sets the request id: the client's `x-request-id` when sane, else a fresh one.
+    pub fn set_request_id(&mut self, from_client: Option<&str>) {
+        self.request_id = match from_client {
+            Some(id) if !id.is_empty() && id.len() <= 200 => id.to_string(),
+            _ => new_request_id(),
+        };
+        self.request_id_header = HeaderValue::from_str(&self.request_id).ok();
+    }
+}
+
+impl Default for Ctx {
+    fn default() -> Self {
+        Ctx::new()
+    }
+}
+
+/// What a subrequest (bodies above 64 KiB) inherits from the main request that admitted
+/// and planned it.
+pub struct Handoff {
+    pub plan: Plan,
+    pub body: Bytes,
+    /// The planned legs (with their load guards).
+    pub legs: Vec<Leg>,
+    /// The client's `Content-Type` (the subrequest session drops body headers; the body
+    /// itself comes from `body` on every attempt, see [`crate::bigbody`]).
+    pub content_type: Option<HeaderValue>,
+}
+
+/// A fresh request id: 32 hex digits, a random per-process prefix and a counter (unique,
+/// unguessable across restarts, and no system call per request).
+fn new_request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let p = *PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // Hex by hand: `format!` cost more than the rest of the id (hot path).
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = String::with_capacity(32);
+    for v in [p, n] {
+        for shift in (0..16).rev() {
+            id.push(HEX[((v >> (shift * 4)) & 0xf) as usize] as char);
+        }
+    }
+    id
+}
+
+/// Writes a complete local response.
+pub async fn respond(
+    session: &mut Session,
+    status: u16,
+    content_type: &str,
+    body: Vec<u8>,
+    request_id: &str,
+) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(4))?;
+    h.insert_header("content-type", content_type)?;
+    h.insert_header("content-length", body.len().to_string())?;
+    if !request_id.is_empty() {
+        h.insert_header("x-request-id", request_id)?;
+    }
+    if status == 405 {
+        h.insert_header("allow", "POST")?;
+    }
+    session.write_response_header(Box::new(h), false).await?;
+    session
+        .write_response_body(Some(Bytes::from(body)), true)
+        .await?;
+    Ok(())
+}
+
+/// Answers with a gateway error in the client's API shape and records it in the context.
+pub async fn reject(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    status: u16,
+    e: crate::error::GatewayError,
+) -> Result<bool> {
+    ctx.local_status = Some(status);
+    ctx.local_error = Some(e.to_string());
+    // A request whose body we did not read cannot leave the connection reusable.
+    if !session.is_body_done() {
+        session.set_keepalive(None);
+    }
+    respond(
+        session,
+        status,
+        "application/json",
+        e.body(ctx.anthropic()),
+        &ctx.request_id,
+    )
+    .await?;
+    Ok(true)
+}

@@ -1,0 +1,281 @@
+//! Phase 2, **plan**: where the request goes. The `model` resolves to a service or a route
+//! (or the default model); the upstream body is prepared (usage injection); a route whose
+//! pipeline has the decision filter asks its decision model; the prompt is cut into blocks;
+//! then the destination's pipeline picks the instance and the [`Leg`] takes its load guard.
+//! A retry picks again ([`pick`]) without the instances already tried.
+//!
+//! Routes: `round-robin` and `weight` choose a target by smooth weighted round-robin (equal
+//! weights for round-robin), then the target's own scheduler picks the instance; `policy`
+//! runs one pipeline across every target's instances.
+
+use super::admit::Admitted;
+use super::{ChosenBy, Leg, LegRole, Plan, PrefixFigures};
+use crate::api::{self, RequestInfo};
+use crate::clock::now_ms;
+use crate::error::GatewayError;
+use crate::load::LoadGuard;
+use crate::pipelines::Scheduler;
+use crate::runtime::{Dest, Route, RouteMode, Service};
+use crate::shared::Shared;
+use bytes::Bytes;
+use log::debug;
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::Instant;
+use tokengate_plugins::rand::rngs::SmallRng;
+use tokengate_plugins::rand::SeedableRng;
+use tokengate_plugins::{block_hashes, Candidate, Decision, InstanceKey, PrefixMatch, RequestView};
+
+thread_local! {
+    static RNG: RefCell<SmallRng> = RefCell::new(SmallRng::from_entropy());
+}
+
+/// Plans an admitted request: resolves it, prepares its body, asks the decision service
+/// when the route uses one, and picks the main leg. Returns the plan, the upstream body
+/// and the leg, or the error to answer with.
+pub async fn plan(
+    shared: &Shared,
+    headers: &http::HeaderMap,
+    a: Admitted,
+    start: Instant,
+    request_id: &str,
+) -> Result<(Plan, Bytes, Leg), GatewayError> {
+    let Admitted {
+        api,
+        runtime: rt,
+        body,
+        info,
+    } = a;
+    let Some(dest) = rt.resolve(&info.model) else {
+        return Err(GatewayError::ModelNotFound(format!(
+            "model {:?} is not served here; GET /v1/models lists the models",
+            info.model
+        )));
+    };
+    // The upstream body: the client's bytes unless a feature must rewrite them (the model is
+    // rewritten per leg, at dispatch, when a route or the default model sends the request to
+    // a service of another name).
+    let mut upstream_body = body;
+    let mut strip_usage = false;
+    if info.stream && api.has_stream_options() && !info.client_wants_usage {
+        let injected = if info.has_stream_options {
+            set_include_usage(&upstream_body)
+        } else {
+            api::inject_include_usage(&upstream_body)
+        };
+        if let Some(b) = injected {
+            upstream_body = Bytes::from(b);
+            strip_usage = true;
+        }
+    }
+    let decision = match &dest {
+        Dest::Route(r) if r.asks_decision() => ask_decision_service(shared, r, &info).await,
+        _ => None,
+    };
+    let blocks: Arc<[u64]> = block_hashes(info.prompt.as_bytes(), rt.block_bytes).into();
+    let plan = Plan {
+        api,
+        forward_auth: rt.api_keys.is_empty(),
+        info: Arc::new(info),
+        dest,
+        decision,
+        runtime: rt,
+        start,
+        request_id: request_id.to_string(),
+        blocks,
+        strip_usage,
+    };
+    let leg = pick(&plan, headers, &[])?;
+    Ok((plan, upstream_body, leg))
+}
+
+/// Picks the main leg: an instance of the plan's destination not in `tried`, with its load
+/// guard taken.
+pub fn pick(
+    plan: &Plan,
+    headers: &http::HeaderMap,
+    tried: &[InstanceKey],
+) -> Result<Leg, GatewayError> {
+    let none = || {
+        GatewayError::Unavailable(format!(
+            "no instance of {:?} is available ({} tried)",
+            plan.dest.name(),
+            tried.len()
+        ))
+    };
+    match &plan.dest {
+        Dest::Service(s) => in_service(plan, headers, s, tried).ok_or_else(none),
+        Dest::Route(r) => match &r.mode {
+            RouteMode::Targets { by, wrr } => {
+                let t = wrr
+                    .pick(|t| r.targets[t].has_untried(tried))
+                    .ok_or_else(none)?;
+                let mut leg = in_service(plan, headers, &r.targets[t], tried).ok_or_else(none)?;
+                leg.reason = Cow::Owned(format!(
+                    "{}({})+{}",
+                    by.as_str(),
+                    r.targets[t].name,
+                    leg.reason
+                ));
+                Ok(leg)
+            }
+            RouteMode::Policy(sched) => {
+                across_route(plan, headers, r, sched, tried).ok_or_else(none)
+            }
+        },
+    }
+}
+
+/// A pipeline's decision for one request, and the session key it read.
+struct Picked {
+    d: Decision,
+    session: Option<tokengate_plugins::SessionKey>,
+    explain: Option<String>,
+}
+
+/// Runs `sched`'s pipeline over `cands` with the prompt's match `m`.
+fn run(
+    sched: &Scheduler,
+    plan: &Plan,
+    headers: &http::HeaderMap,
+    cands: &[Candidate],
+    m: &PrefixMatch,
+    tried: &[InstanceKey],
+    name: impl Fn(usize) -> String,
+) -> Option<Picked> {
+    let session = sched.session_key(headers, &plan.info, plan.api);
+    let explain = log::log_enabled!(log::Level::Debug);
+    let view = RequestView {
+        session,
+        blocks: &plan.blocks,
+        prefix: Some(m),
+        now_ms: now_ms(),
+        turn: sched.next_turn(),
+        decision: plan.decision,
+        exclude: tried,
+        explain,
+    };
+    let d = RNG.with(|r| sched.pipeline.pick(&view, cands, &mut *r.borrow_mut()))?;
+    let explain = explain.then(|| format!("{} {}", sched.describe, d.explain_with(name)));
+    Some(Picked {
+        d,
+        session,
+        explain,
+    })
+}
+
+fn leg(
+    plan: &Plan,
+    service: &Arc<Service>,
+    inst: &Arc<crate::runtime::Instance>,
+    by: ChosenBy,
+    cand: Candidate,
+    p: Picked,
+) -> Leg {
+    Leg {
+        role: LegRole::Main,
+        service: service.clone(),
+        instance: inst.clone(),
+        by,
+        cand,
+        session: p.session,
+        reason: p.d.reason,
+        prefix: PrefixFigures {
+            prompt_blocks: p.d.prompt_blocks,
+            matched: p.d.matched_blocks,
+            best: p.d.best_matched_blocks,
+        },
+        explain: p.explain,
+        guard: LoadGuard::acquire(inst.clone(), plan.info.expected_tokens()),
+        dispatched: None,
+    }
+}
+
+fn in_service(
+    plan: &Plan,
+    headers: &http::HeaderMap,
+    svc: &Arc<Service>,
+    tried: &[InstanceKey],
+) -> Option<Leg> {
+    let cands = svc.candidates();
+    let m = svc.match_prefix(&plan.blocks);
+    let p = run(&svc.sched, plan, headers, &cands, &m, tried, |i| {
+        svc.instances[i].id.clone()
+    })?;
+    let cand = cands[p.d.pos];
+    let inst = &svc.instances[cand.idx];
+    Some(leg(
+        plan,
+        svc,
+        inst,
+        ChosenBy::Service(svc.clone()),
+        cand,
+        p,
+    ))
+}
+
+fn across_route(
+    plan: &Plan,
+    headers: &http::HeaderMap,
+    r: &Arc<Route>,
+    sched: &Scheduler,
+    tried: &[InstanceKey],
+) -> Option<Leg> {
+    let cands = r.candidates();
+    let m = r.match_prefix(&plan.blocks);
+    let p = run(sched, plan, headers, &cands, &m, tried, |i| {
+        r.flat(i).map_or(String::new(), |(_, x)| x.id.clone())
+    })?;
+    let cand = cands[p.d.pos];
+    let (t, inst) = r.flat(cand.idx)?;
+    let svc = r.targets[t].clone();
+    let mut l = leg(plan, &svc, inst, ChosenBy::Route(r.clone()), cand, p);
+    if r.asks_decision() {
+        // Say what the decision service answered, and whether its target was kept.
+        let named = plan
+            .decision
+            .and_then(|n| r.targets.get(n as usize))
+            .map(|s| s.name.as_str());
+        l.reason = Cow::Owned(match named {
+            Some(n) if n == svc.name => format!("decision({n})+{}", l.reason),
+            Some(n) => format!("decision-unavailable({n})+{}", l.reason),
+            None => format!("decision(abstain)+{}", l.reason),
+        });
+    }
+    Some(l)
+}
+
+/// Asks the route's decision service which target fits. Never fails the request: a timeout,
+/// an error or an answer naming no target abstains.
+async fn ask_decision_service(shared: &Shared, r: &Route, info: &RequestInfo) -> Option<u32> {
+    let (provider, spec) = r.decision.as_ref()?;
+    let text = crate::decision::request_text(&info.prompt);
+    let (outcome, latency) = shared.decision.decide(provider, spec, text).await;
+    let m = &shared.metrics;
+    m.decision_total
+        .with_label_values(&[r.name.as_str(), outcome.label()])
+        .inc();
+    m.decision_latency
+        .with_label_values(&[r.name.as_str()])
+        .observe(latency.as_secs_f64());
+    debug!(
+        "decision service {} ({}) for route {}: {outcome} in {:.1} ms",
+        provider.name,
+        provider.model,
+        r.name,
+        latency.as_secs_f64() * 1e3
+    );
+    outcome.target().map(|t| t as u32)
+}
+
+/// Sets `stream_options.include_usage: true` in a body that already has `stream_options`.
+fn set_include_usage(body: &[u8]) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let so = v
+        .as_object_mut()?
+        .get_mut("stream_options")?
+        .as_object_mut()?;
+    so.insert("include_usage".into(), serde_json::Value::Bool(true));
+    serde_json::to_vec(&v).ok()
+}

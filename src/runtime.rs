@@ -1,0 +1,548 @@
+//! The gateway's runtime state built from a [`Config`]: services with their instances (each
+//! with its live load and health), each service's prefix index and scheduler, and routes over
+//! several services. Held behind an `ArcSwap` ([`crate::shared::Shared`]) so a config reload
+//! swaps it atomically; a rebuilt runtime keeps the state of what still exists.
+
+use crate::clock::now_ms;
+use crate::config::{Config, ConfigErrors, RouteBy, Timeouts};
+use crate::decision::{DecisionSpec, Provider, TargetCriteria};
+use crate::health::Health;
+use crate::load::{HasLoad, InstanceLoad, LoadSnapshot};
+use crate::metrics::{Metrics, ServiceCounters};
+use crate::pipelines::{self, Scheduler};
+use log::info;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokengate_plugins::{
+    Candidate, InstanceKey, PrefixIndex, PrefixIndexConfig, PrefixMatch, Role, WeightedTargets,
+};
+
+/// One engine instance.
+#[derive(Debug)]
+pub struct Instance {
+    pub id: String,
+    /// `id` as the `x-tokengate-instance` response header, built once.
+    pub id_header: http::HeaderValue,
+    pub addr: SocketAddr,
+    pub service: String,
+    pub labels: BTreeMap<String, String>,
+    /// Position of the instance in its service.
+    pub idx: usize,
+    /// Stable key of the id for the routing plugins (session table, prefix index).
+    pub key: InstanceKey,
+    /// Shared with the same instance in the next config after a reload.
+    pub load: Arc<InstanceLoad>,
+    pub health: Arc<Health>,
+}
+
+impl HasLoad for Instance {
+    fn load(&self) -> &InstanceLoad {
+        &self.load
+    }
+}
+
+impl Instance {
+    /// The instance as a scheduling candidate; `idx` and `target` are the caller's numbering.
+    pub fn candidate(&self, idx: usize, target: u32, now_ms: u64) -> Candidate {
+        let s = self.load.snapshot();
+        Candidate {
+            idx,
+            key: self.key,
+            target,
+            role: Role::Integrated,
+            available: self.health.available(now_ms),
+            inflight_requests: s.inflight_requests,
+            inflight_tokens: s.inflight_tokens,
+            waiting: s.waiting,
+        }
+    }
+}
+
+/// A served model: a pool of instances, the prefix index of what they hold, and how to
+/// choose among them.
+#[derive(Debug)]
+pub struct Service {
+    pub name: String,
+    pub instances: Vec<Arc<Instance>>,
+    pub sched: Scheduler,
+    /// The gateway's model of the instances' KV caches: every prompt dispatched to one of
+    /// them is inserted, whatever the scheduler (so the hit-rate ceiling is always known).
+    pub index: Arc<PrefixIndex>,
+    pub counters: ServiceCounters,
+}
+
+impl Service {
+    /// Every instance as a candidate (the pipeline's filters drop the unavailable ones).
+    pub fn candidates(&self) -> Vec<Candidate> {
+        let now = now_ms();
+        self.instances
+            .iter()
+            .map(|i| i.candidate(i.idx, 0, now))
+            .collect()
+    }
+
+    /// Whether an available instance not in `exclude` is left (a retry is possible).
+    pub fn has_untried(&self, exclude: &[InstanceKey]) -> bool {
+        let now = now_ms();
+        self.instances
+            .iter()
+            .any(|i| !exclude.contains(&i.key) && i.health.available(now))
+    }
+
+    /// The prompt matched against this service's index.
+    pub fn match_prefix(&self, blocks: &[u64]) -> PrefixMatch {
+        self.index.match_prefix(blocks, now_ms())
+    }
+}
+
+/// How a route spreads over its targets.
+pub enum RouteMode {
+    /// A target by (smooth) weighted round-robin, then the target's own scheduler:
+    /// `route_by: weight`, and `round-robin` (equal weights).
+    Targets { by: RouteBy, wrr: WeightedTargets },
+    /// One scheduler across every target's instances.
+    Policy(Scheduler),
+}
+
+/// A model name over several services.
+pub struct Route {
+    pub name: String,
+    pub targets: Vec<Arc<Service>>,
+    pub mode: RouteMode,
+    /// The decision service: who to ask and what (targets in route order). Asked only when
+    /// the route's pipeline has the decision filter.
+    pub decision: Option<(Provider, DecisionSpec)>,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route").field("name", &self.name).finish()
+    }
+}
+
+impl Route {
+    /// Every instance of every target, numbered in target order (`idx` = position in
+    /// [`Route::flat`], `target` = target number).
+    pub fn candidates(&self) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        let now = now_ms();
+        for (t, s) in self.targets.iter().enumerate() {
+            for i in &s.instances {
+                out.push(i.candidate(out.len(), t as u32, now));
+            }
+        }
+        out
+    }
+
+    /// The instance at a flat index (see [`Route::candidates`]) and its target number.
+    pub fn flat(&self, mut idx: usize) -> Option<(usize, &Arc<Instance>)> {
+        for (t, s) in self.targets.iter().enumerate() {
+            if idx < s.instances.len() {
+                return Some((t, &s.instances[idx]));
+            }
+            idx -= s.instances.len();
+        }
+        None
+    }
+
+    /// The prompt matched against every target's index (instance keys are unique across
+    /// services, so the per-instance matches do not collide).
+    pub fn match_prefix(&self, blocks: &[u64]) -> PrefixMatch {
+        let now = now_ms();
+        let mut m = PrefixMatch {
+            prompt_blocks: blocks.len() as u32,
+            ..PrefixMatch::default()
+        };
+        for s in &self.targets {
+            let t = s.index.match_prefix(blocks, now);
+            m.best = m.best.max(t.best);
+            m.per_instance.extend(t.per_instance);
+        }
+        m
+    }
+
+    pub fn mode_name(&self) -> &'static str {
+        match &self.mode {
+            RouteMode::Targets { by, .. } => by.as_str(),
+            RouteMode::Policy(_) => "policy",
+        }
+    }
+
+    /// The route's scheduler when it schedules across targets.
+    pub fn scheduler(&self) -> Option<&Scheduler> {
+        match &self.mode {
+            RouteMode::Policy(s) => Some(s),
+            RouteMode::Targets { .. } => None,
+        }
+    }
+
+    /// Whether a request to this route asks the decision service.
+    pub fn asks_decision(&self) -> bool {
+        self.decision.is_some()
+            && self
+                .scheduler()
+                .is_some_and(|s| s.needs.contains(tokengate_plugins::Needs::DECISION))
+    }
+}
+
+/// What a request's `model` resolves to.
+#[derive(Debug, Clone)]
+pub enum Dest {
+    Service(Arc<Service>),
+    Route(Arc<Route>),
+}
+
+impl Dest {
+    pub fn name(&self) -> &str {
+        match self {
+            Dest::Service(s) => &s.name,
+            Dest::Route(r) => &r.name,
+        }
+    }
+
+    /// Whether an available instance not in `exclude` is left anywhere in the destination.
+    pub fn has_untried(&self, exclude: &[InstanceKey]) -> bool {
+        match self {
+            Dest::Service(s) => s.has_untried(exclude),
+            Dest::Route(r) => r.targets.iter().any(|s| s.has_untried(exclude)),
+        }
+    }
+}
+
+/// Everything a request needs from the config, swapped as a whole on reload.
+#[derive(Debug)]
+pub struct Runtime {
+    pub services: HashMap<String, Arc<Service>>,
+    /// Services in config order (for `/v1/models` and `/admin/instances`).
+    pub ordered: Vec<Arc<Service>>,
+    pub routes: HashMap<String, Arc<Route>>,
+    pub ordered_routes: Vec<Arc<Route>>,
+    pub strict: bool,
+    pub default_model: Option<String>,
+    pub api_keys: Vec<Vec<u8>>,
+    pub admin_token: Option<Vec<u8>>,
+    pub max_body_bytes: usize,
+    pub timeouts: Timeouts,
+    /// Bytes per prefix block: `prefix_index.block_size` tokens × 4 bytes.
+    pub block_bytes: usize,
+    /// Tokens per prefix block.
+    pub block_tokens: usize,
+    pub memory: crate::memory::MemoryPolicy,
+    pub health_check: crate::config::HealthCheckSettings,
+    pub passive: crate::config::PassiveHealthSettings,
+    pub maintenance_interval: std::time::Duration,
+}
+
+impl Runtime {
+    /// Builds the runtime state of a validated config, carrying over from `prev` (a reload):
+    /// the load counters and health of instances that still exist (same id and address),
+    /// the prefix index of services that still exist (same name; a new TTL applies), and
+    /// the session bindings of schedulers that still exist and still bind sessions (same
+    /// service or route name; a new TTL or size applies). Errors name the YAML path.
+    pub fn build(
+        cfg: &Config,
+        prev: Option<&Runtime>,
+        metrics: &Metrics,
+    ) -> Result<Runtime, ConfigErrors> {
+        let now = now_ms();
+        let mut errs = Vec::new();
+        let prev_inst = |id: &str, addr: SocketAddr| -> Option<Arc<Instance>> {
+            prev?
+                .ordered
+                .iter()
+                .flat_map(|s| s.instances.iter())
+                .find(|i| i.id == id && i.addr == addr)
+                .cloned()
+        };
+        let index_ttl_ms = cfg.prefix_index.ttl.as_millis() as u64;
+        let mut services = HashMap::new();
+        let mut ordered = Vec::new();
+        for (si, s) in cfg.services.iter().enumerate() {
+            let mut instances = Vec::with_capacity(s.instances.len());
+            for (idx, i) in s.instances.iter().enumerate() {
+                let p = format!("services[{si}].instances[{idx}]");
+                let addr: SocketAddr = match i.addr.parse() {
+                    Ok(a) => a,
+                    Err(_) => {
+                        errs.push(format!("{p}.addr: invalid socket address {:?}", i.addr));
+                        continue;
+                    }
+                };
+                let id_header = match http::HeaderValue::from_str(&i.id) {
+                    Ok(h) => h,
+                    Err(_) => {
+                        errs.push(format!("{p}.id: {:?} cannot be a header value", i.id));
+                        continue;
+                    }
+                };
+                let old = prev_inst(&i.id, addr);
+                instances.push(Arc::new(Instance {
+                    id: i.id.clone(),
+                    id_header,
+                    addr,
+                    service: s.name.clone(),
+                    labels: i.labels.clone(),
+                    idx,
+                    key: InstanceKey::of(&i.id),
+                    load: old.as_ref().map(|p| p.load.clone()).unwrap_or_default(),
+                    health: old.as_ref().map(|p| p.health.clone()).unwrap_or_default(),
+                }));
+            }
+            let prev_svc = prev.and_then(|p| p.services.get(&s.name));
+            let index = match prev_svc {
+                Some(p) => {
+                    if p.index.ttl_ms() != index_ttl_ms.div_ceil(1000) * 1000 {
+                        info!(
+                            "service {}: prefix index ttl changed to {:?}",
+                            s.name, cfg.prefix_index.ttl
+                        );
+                        p.index.set_ttl_ms(index_ttl_ms);
+                    }
+                    p.index.clone()
+                }
+                None => Arc::new(PrefixIndex::new(PrefixIndexConfig {
+                    ttl_ms: index_ttl_ms,
+                    ..PrefixIndexConfig::default()
+                })),
+            };
+            let prev_sched = prev_svc.map(|p| &p.sched);
+            let sched = match pipelines::service(si, s, prev_sched, now) {
+                Ok(sc) => sc,
+                Err(e) => {
+                    errs.push(e);
+                    continue;
+                }
+            };
+            let svc = Arc::new(Service {
+                name: s.name.clone(),
+                instances,
+                sched,
+                index,
+                counters: metrics.service_counters(&s.name),
+            });
+            services.insert(s.name.clone(), svc.clone());
+            ordered.push(svc);
+        }
+        let mut routes = HashMap::new();
+        let mut ordered_routes = Vec::new();
+        for (ri, r) in cfg.routes.iter().enumerate() {
+            let Some(targets) = r
+                .targets
+                .iter()
+                .map(|t| services.get(&t.service).cloned())
+                .collect::<Option<Vec<Arc<Service>>>>()
+            else {
+                errs.push(format!("routes[{ri}].targets: a target is not a service"));
+                continue;
+            };
+            let mode = match (r.route_by(), &r.policy) {
+                (RouteBy::Policy, Some(ps)) => {
+                    let prev_sched = prev
+                        .and_then(|p| p.routes.get(&r.name))
+                        .and_then(|p| p.scheduler());
+                    match pipelines::policy(
+                        &format!("route {}", r.name),
+                        &format!("routes[{ri}].policy.plugins"),
+                        ps,
+                        prev_sched,
+                        now,
+                    ) {
+                        Ok(s) => RouteMode::Policy(s),
+                        Err(e) => {
+                            errs.push(e);
+                            continue;
+                        }
+                    }
+                }
+                (RouteBy::Policy, None) => {
+                    errs.push(format!(
+                        "routes[{ri}].policy: required when route_by is policy"
+                    ));
+                    continue;
+                }
+                (by, _) => {
+                    let weights: Vec<u32> = match by {
+                        RouteBy::Weight => {
+                            r.targets.iter().map(|t| t.weight.unwrap_or(0)).collect()
+                        }
+                        _ => vec![1; r.targets.len()],
+                    };
+                    RouteMode::Targets {
+                        by,
+                        wrr: WeightedTargets::new(&weights),
+                    }
+                }
+            };
+            let decision = r.decision.as_ref().and_then(|d| {
+                let p = cfg.providers.iter().find(|p| p.name == d.provider)?;
+                let provider = Provider {
+                    name: p.name.clone(),
+                    base_url: p.base_url.clone(),
+                    api_key: p.api_key.clone(),
+                    model: d.model.clone().or_else(|| p.model.clone())?,
+                };
+                let mut spec = DecisionSpec::new(
+                    d.instructions.clone(),
+                    r.targets
+                        .iter()
+                        .map(|t| TargetCriteria {
+                            name: t.service.clone(),
+                            criteria: t.criteria.clone(),
+                        })
+                        .collect(),
+                );
+                spec.timeout = d.timeout;
+                Some((provider, spec))
+            });
+            let route = Arc::new(Route {
+                name: r.name.clone(),
+                targets,
+                mode,
+                decision,
+            });
+            routes.insert(r.name.clone(), route.clone());
+            ordered_routes.push(route);
+        }
+        if !errs.is_empty() {
+            return Err(ConfigErrors(errs));
+        }
+        if let Some(p) = prev {
+            if p.maintenance_interval != cfg.prefix_index.maintenance_interval {
+                info!(
+                    "prefix_index.maintenance_interval changed to {:?} (applies after the current wait)",
+                    cfg.prefix_index.maintenance_interval
+                );
+            }
+        }
+        let block_tokens = cfg.prefix_index.block_size.max(1);
+        Ok(Runtime {
+            services,
+            ordered,
+            routes,
+            ordered_routes,
+            strict: cfg.routing.strict,
+            default_model: cfg.routing.default_model.clone(),
+            api_keys: cfg.api_keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            admin_token: cfg.admin_token.as_ref().map(|t| t.as_bytes().to_vec()),
+            max_body_bytes: cfg.max_body_bytes,
+            timeouts: cfg.timeouts.clone(),
+            block_bytes: block_tokens * crate::api::BYTES_PER_TOKEN,
+            block_tokens,
+            memory: crate::memory::MemoryPolicy::new(
+                cfg.prefix_index.memory_threshold_ratio,
+                cfg.prefix_index.reserved_memory_gib,
+                cfg.prefix_index.memory_limit_bytes,
+            ),
+            maintenance_interval: cfg.prefix_index.maintenance_interval,
+            health_check: cfg.health_check.clone(),
+            passive: cfg.passive_health.clone(),
+        })
+    }
+
+    /// The destination of a request's `model`: a service or route by name, else the default
+    /// model when routing is not strict.
+    pub fn resolve(&self, model: &str) -> Option<Dest> {
+        if let Some(s) = self.services.get(model) {
+            return Some(Dest::Service(s.clone()));
+        }
+        if let Some(r) = self.routes.get(model) {
+            return Some(Dest::Route(r.clone()));
+        }
+        if self.strict {
+            return None;
+        }
+        let d = self.default_model.as_deref()?;
+        self.services.get(d).map(|s| Dest::Service(s.clone()))
+    }
+
+    /// Every scheduler (services', then routes' policy schedulers), for maintenance, gauges
+    /// and `/admin/instances`.
+    pub fn schedulers(&self) -> Vec<(&str, &Scheduler)> {
+        let mut v: Vec<(&str, &Scheduler)> = self
+            .ordered
+            .iter()
+            .map(|s| (s.name.as_str(), &s.sched))
+            .collect();
+        for r in &self.ordered_routes {
+            if let Some(s) = r.scheduler() {
+                v.push((r.name.as_str(), s));
+            }
+        }
+        v
+    }
+
+    /// JSON snapshot of the load table for `/admin/instances`.
+    pub fn instances_json(&self) -> serde_json::Value {
+        let now = now_ms();
+        let list: Vec<serde_json::Value> = self
+            .ordered
+            .iter()
+            .flat_map(|s| s.instances.iter())
+            .map(|i| {
+                let l: LoadSnapshot = i.load.snapshot();
+                serde_json::json!({
+                    "id": i.id,
+                    "service": i.service,
+                    "addr": i.addr.to_string(),
+                    "labels": i.labels,
+                    "inflight_requests": l.inflight_requests,
+                    "inflight_tokens": l.inflight_tokens,
+                    "waiting": l.waiting,
+                    "decoding": l.inflight_requests.saturating_sub(l.waiting),
+                    "completed": l.completed,
+                    "errors": l.errors,
+                    "cancelled": l.cancelled,
+                    "health": i.health.view(now),
+                })
+            })
+            .collect();
+        let schedulers: Vec<serde_json::Value> = self
+            .schedulers()
+            .into_iter()
+            .map(|(name, s)| {
+                serde_json::json!({
+                    "name": name,
+                    "mode": s.mode(),
+                    "pipeline": s.describe,
+                    "needs": s.needs.names(),
+                    "sessions": s.sessions.as_ref().map_or(0, |t| t.gauges().entries),
+                })
+            })
+            .collect();
+        let indexes: Vec<serde_json::Value> = self
+            .ordered
+            .iter()
+            .map(|s| {
+                let g = s.index.gauges();
+                serde_json::json!({
+                    "service": s.name,
+                    "nodes": g.nodes,
+                    "blocks": g.blocks,
+                    "bytes": g.bytes,
+                    "evicted_bytes": g.evicted_bytes,
+                })
+            })
+            .collect();
+        serde_json::json!({ "instances": list, "schedulers": schedulers, "prefix_indexes": indexes })
+    }
+
+    /// OpenAI-shaped model list for `GET /v1/models`: services, then routes.
+    pub fn models_json(&self) -> serde_json::Value {
+        let data: Vec<serde_json::Value> = self
+            .ordered
+            .iter()
+            .map(|s| s.name.as_str())
+            .chain(self.ordered_routes.iter().map(|r| r.name.as_str()))
+            .map(|name| {
+                serde_json::json!({
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "tokengate",
+                })
+            })
+            .collect();
+        serde_json::json!({ "object": "list", "data": data })
+    }
+}
