@@ -150,6 +150,14 @@ pub struct Stats {
     pub requests_aborted: u64,
     /// Highest number of waiting requests observed.
     pub max_waiting: usize,
+    /// Highest number of requests in their prefill phase at once: queued (waiting) or
+    /// admitted and not yet past their prefill (no first token yet).
+    pub max_prefill_phase: usize,
+    /// Largest running batch observed.
+    pub max_running: usize,
+    /// Longest decode step scheduled, simulated ms (`decode_step_ms + decode_per_req_ms ×
+    /// running`, before the time scale): the largest batch that decoded together.
+    pub max_step_ms: f64,
 }
 
 struct State {
@@ -159,6 +167,9 @@ struct State {
     prefill_free_at: Instant,
     m: Metrics,
     max_waiting: usize,
+    max_prefill_phase: usize,
+    max_running: usize,
+    max_step_ms: f64,
 }
 
 pub(crate) struct Engine {
@@ -191,6 +202,9 @@ impl Engine {
                     e2e: Histogram::new(E2E_BUCKETS),
                 },
                 max_waiting: 0,
+                max_prefill_phase: 0,
+                max_running: 0,
+                max_step_ms: 0.0,
             }),
             cfg,
             notify: Notify::new(),
@@ -223,6 +237,9 @@ impl Engine {
             });
             let w = st.waiting.len();
             st.max_waiting = st.max_waiting.max(w);
+            // A request enters its prefill phase only here: the peak is reached here.
+            let p = w + st.running.iter().filter(|r| !r.decoding).count();
+            st.max_prefill_phase = st.max_prefill_phase.max(p);
         }
         self.notify.notify_one();
     }
@@ -246,6 +263,9 @@ impl Engine {
             requests_finished: st.m.success_length + st.m.success_stop,
             requests_aborted: st.m.aborted,
             max_waiting: st.max_waiting,
+            max_prefill_phase: st.max_prefill_phase,
+            max_running: st.max_running,
+            max_step_ms: st.max_step_ms,
         }
     }
 
@@ -378,7 +398,11 @@ impl Engine {
                 }
                 st.finish_prefills(now);
                 st.admit(now, &self.cfg);
+                st.max_running = st.max_running.max(st.running.len());
                 if step_deadline.is_none() && st.running.iter().any(|r| r.decoding) {
+                    let c = &self.cfg;
+                    let ms = c.decode_step_ms + c.decode_per_req_ms * st.running.len() as f64;
+                    st.max_step_ms = st.max_step_ms.max(ms);
                     let base = match last_step {
                         Some(l) if l + slack >= now => l,
                         _ => now,

@@ -53,13 +53,17 @@ async fn waiting_queue_raises_ttft() {
         ttfts.push(t.await.unwrap().0);
     }
     ttfts.sort();
-    let (min, max) = (ttfts[0], ttfts[5]);
+    // Lower bounds only (a loaded machine stretches time, it never shrinks it): the last
+    // wave waited for two waves of 20 steps of 6 ms.
     assert!(
-        max >= Duration::from_millis(150),
+        ttfts[5] >= Duration::from_millis(150),
         "last wave waited: {ttfts:?}"
     );
-    assert!(max > min * 3, "TTFT rises with queueing: {ttfts:?}");
-    assert!(sim.stats().max_waiting >= 3);
+    // The engine's own counters: the batch never exceeded its cap, the rest queued.
+    let st = sim.stats();
+    assert!(st.max_waiting >= 3, "{st:?}");
+    assert!(st.max_running <= 2, "{st:?}");
+    assert!(st.max_prefill_phase >= 3, "{st:?}");
     assert_eq!(metric(&c, &sim, "vllm:num_requests_waiting{").await, 0.0);
     sim.stop().await;
 }
@@ -78,6 +82,9 @@ async fn step_time_grows_with_batch() {
     let itl = |toks: &[Instant]| (toks[toks.len() - 1] - toks[0]) / (toks.len() as u32 - 1);
     let (_, alone) = stream_times(c.clone(), sim.url(), "solo".into(), 12).await;
     let alone = itl(&alone);
+    // Alone: every step was 2 + 5 × 1 ms (the engine's own record, not a stopwatch).
+    assert_eq!(sim.stats().max_step_ms, 7.0);
+    assert!(alone >= Duration::from_millis(6), "alone {alone:?}");
     let tasks: Vec<_> = (0..16)
         .map(|i| tokio::spawn(stream_times(c.clone(), sim.url(), format!("batch {i}"), 12)))
         .collect();
@@ -87,12 +94,15 @@ async fn step_time_grows_with_batch() {
     }
     itls.sort();
     let median = itls[8];
-    // expected ~7 ms vs ~82 ms
-    assert!(alone < Duration::from_millis(40), "alone {alone:?}");
+    // Batched: the steps grew with the batch (2 + 5 ms per running request; all 16 in one
+    // batch make 82 ms) …
+    let st = sim.stats();
+    assert!(st.max_running >= 5 && st.max_running <= 16, "{st:?}");
     assert!(
-        median > alone * 3,
-        "batched ITL {median:?} vs alone {alone:?}"
+        st.max_step_ms >= 22.0 && st.max_step_ms <= 2.0 + 5.0 * st.max_running as f64,
+        "{st:?}"
     );
+    // … and the clients saw it (a lower bound: load only stretches time).
     assert!(
         median >= Duration::from_millis(40),
         "batched ITL {median:?}"
