@@ -48,7 +48,7 @@ impl Reloader {
                 for w in cfg.warnings() {
                     warn!("config: {w}");
                 }
-                self.shared.runtime.store(Arc::new(rt));
+                self.shared.install(rt);
                 m.reloads.with_label_values(&["ok"]).inc();
                 m.reload_ok.set(1);
                 info!(

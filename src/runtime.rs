@@ -410,7 +410,7 @@ impl Runtime {
         if let Some(p) = prev {
             if p.maintenance_interval != cfg.prefix_index.maintenance_interval {
                 info!(
-                    "prefix_index.maintenance_interval changed to {:?} (applies after the current wait)",
+                    "prefix_index.maintenance_interval changed to {:?}",
                     cfg.prefix_index.maintenance_interval
                 );
             }

@@ -13,6 +13,9 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Client of the routes' decision services (pooled).
     pub decision: DecisionClient,
+    /// Bumped each time a reload swaps the runtime in (background loops that wait for a
+    /// configured interval re-read it at once).
+    pub generation: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -24,6 +27,13 @@ impl Shared {
             runtime: ArcSwap::from_pointee(rt),
             metrics,
             decision: DecisionClient::new(),
+            generation: tokio::sync::watch::Sender::new(0),
         }))
+    }
+
+    /// Swaps in a reloaded runtime and tells the background loops.
+    pub fn install(&self, rt: Runtime) {
+        self.runtime.store(Arc::new(rt));
+        self.generation.send_modify(|g| *g += 1);
     }
 }

@@ -110,3 +110,76 @@ async fn reload_swaps_config_without_dropping_streams() {
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     gw.wait_idle().await;
 }
+
+fn sessions_of(v: &serde_json::Value, scheduler: &str) -> u64 {
+    v["schedulers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == scheduler)
+        .unwrap()["sessions"]
+        .as_u64()
+        .unwrap()
+}
+
+/// A reload applies new session table sizes and TTLs, and a new maintenance interval, to
+/// the tables it keeps (policy mode has `session_max_entries` too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_applies_session_sizes_ttls_and_the_maintenance_interval() {
+    let m = Mock::start().await;
+    let policy = |max: usize, ttl: &str, maint: &str| {
+        format!(
+            "prefix_index: {{maintenance_interval: {maint}}}\nservices:\n  - name: m\n    scheduler:\n      mode: policy\n      plugins: [{{kind: session-affinity}}, {{kind: least-inflight}}]\n      session_max_entries: {max}\n      session_ttl: {ttl}\n    instances:\n      - {{id: a, addr: \"{0}\"}}\n      - {{id: b, addr: \"{0}\"}}\n",
+            m.addr
+        )
+    };
+    let gw = GatewayProc::start(&policy(100, "1h", "1h"));
+    let cfg_path = gw.config_path();
+    let header = std::fs::read_to_string(&cfg_path)
+        .unwrap()
+        .split("prefix_index:")
+        .next()
+        .unwrap()
+        .to_string();
+    let c = reqwest::Client::new();
+    let send = |s: &'static str| {
+        let c = c.clone();
+        let url = gw.url("/v1/chat/completions");
+        async move {
+            let r = c
+                .post(url)
+                .header("session-id", s)
+                .body(chat_body("m", 100, false))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+        }
+    };
+    for s in ["s1", "s2", "s3"] {
+        send(s).await;
+    }
+    assert_eq!(sessions_of(&gw.instances().await, "m"), 3);
+    // A smaller table keeps the most recently used bindings.
+    std::fs::write(&cfg_path, format!("{header}{}", policy(1, "1h", "1h"))).unwrap();
+    eventually("the table to shrink to 1", || async {
+        sessions_of(&gw.instances().await, "m") == 1
+    })
+    .await;
+    assert!(gw
+        .log_text()
+        .contains("service m: session table resized from 100 to 1 entries"));
+    // A short TTL and a fast maintenance pass: the binding expires and is swept.
+    std::fs::write(&cfg_path, format!("{header}{}", policy(1, "300ms", "50ms"))).unwrap();
+    eventually("the binding to expire and be swept", || async {
+        sessions_of(&gw.instances().await, "m") == 0
+    })
+    .await;
+    let log = gw.log_text();
+    assert!(log.contains("service m: session ttl changed"), "{log}");
+    assert!(
+        log.contains("prefix_index.maintenance_interval changed to 50ms"),
+        "{log}"
+    );
+}

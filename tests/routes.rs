@@ -179,3 +179,37 @@ async fn policy_sessions_follow_the_key_chain_rules() {
     assert!(run("/v1/chat/completions", None).await > 1);
     gw.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_alternates_between_targets_whatever_their_sizes() {
+    let m = Mock::start().await;
+    let a = m.addr;
+    // Target `big` has 3 instances, `small` 1: each target gets half of the route's traffic,
+    // and inside `big` its own scheduler spreads the half over the 3.
+    let yaml = format!(
+        "services:\n{}{}routes:\n  - name: r\n    route_by: round-robin\n    targets:\n      - {{service: big}}\n      - {{service: small}}\n",
+        service("big", &[("b1", a), ("b2", a), ("b3", a)]),
+        service("small", &[("s1", a)]),
+    );
+    let gw = GatewayProc::start(&yaml);
+    let n = 600;
+    send_many(&gw, "r", n).await;
+    let v = gw.wait_idle().await;
+    let big = completed(&v, "b1") + completed(&v, "b2") + completed(&v, "b3");
+    let small = completed(&v, "s1");
+    assert_eq!(big + small, n as f64);
+    assert!((small / n as f64 - 0.5).abs() <= 0.03, "{v:#}");
+    for b in ["b1", "b2", "b3"] {
+        assert!(
+            (completed(&v, b) / n as f64 - 1.0 / 6.0).abs() <= 0.03,
+            "{b}: {v:#}"
+        );
+    }
+    let m = gw.metrics().await;
+    assert!(
+        m.contains(&format!(
+            "tokengate_routing_decisions_total{{reason=\"round-robin\"}} {n}"
+        )),
+        "{m}"
+    );
+}

@@ -1,5 +1,5 @@
-//! Background upkeep of the routing state, every `prefix_index.maintenance_interval` (read
-//! again after each pass, so a reload applies): expired session bindings and prefix-index
+//! Background upkeep of the routing state, every `prefix_index.maintenance_interval` (a
+//! reload restarts the wait with the new interval): expired session bindings and prefix-index
 //! entries are swept, and when the process uses more memory than allowed ([`crate::memory`])
 //! the prefix indexes give back their least recently used entries.
 
@@ -55,12 +55,22 @@ pub fn run_once(shared: &Shared) -> u64 {
     freed
 }
 
-/// Runs [`run_once`] every `prefix_index.maintenance_interval` (of the current config: a
-/// reload applies after the wait in progress) until `stop` fires.
+/// Runs [`run_once`] every `prefix_index.maintenance_interval` until `stop` fires. A reload
+/// restarts the wait with the new interval.
 pub async fn run(shared: Arc<Shared>, mut stop: pingora::server::ShutdownWatch) {
+    let mut reloads = shared.generation.subscribe();
     loop {
         let interval = shared.runtime.load().maintenance_interval;
-        if !sleep_or_stop(interval, &mut stop).await {
+        let go_on = tokio::select! {
+            r = sleep_or_stop(interval, &mut stop) => r,
+            r = reloads.changed() => {
+                if r.is_ok() {
+                    continue; // the new config's interval, from now
+                }
+                sleep_or_stop(interval, &mut stop).await
+            }
+        };
+        if !go_on {
             return;
         }
         let s = shared.clone();
