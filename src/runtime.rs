@@ -73,9 +73,9 @@ pub struct Service {
 }
 
 impl Service {
-    /// Every instance as a candidate (the pipeline's filters drop the unavailable ones).
-    pub fn candidates(&self) -> Vec<Candidate> {
-        let now = now_ms();
+    /// Every instance as a candidate at `now` (the pipeline's filters drop the unavailable
+    /// ones).
+    pub fn candidates(&self, now: u64) -> Vec<Candidate> {
         self.instances
             .iter()
             .map(|i| i.candidate(i.idx, 0, now))
@@ -88,11 +88,6 @@ impl Service {
         self.instances
             .iter()
             .any(|i| !exclude.contains(&i.key) && i.health.available(now))
-    }
-
-    /// The prompt matched against this service's index.
-    pub fn match_prefix(&self, blocks: &[u64]) -> PrefixMatch {
-        self.index.match_prefix(blocks, now_ms())
     }
 }
 
@@ -122,11 +117,10 @@ impl std::fmt::Debug for Route {
 }
 
 impl Route {
-    /// Every instance of every target, numbered in target order (`idx` = position in
-    /// [`Route::flat`], `target` = target number).
-    pub fn candidates(&self) -> Vec<Candidate> {
+    /// Every instance of every target at `now`, numbered in target order (`idx` = position
+    /// in [`Route::flat`], `target` = target number).
+    pub fn candidates(&self, now: u64) -> Vec<Candidate> {
         let mut out = Vec::new();
-        let now = now_ms();
         for (t, s) in self.targets.iter().enumerate() {
             for i in &s.instances {
                 out.push(i.candidate(out.len(), t as u32, now));
@@ -148,8 +142,7 @@ impl Route {
 
     /// The prompt matched against every target's index (instance keys are unique across
     /// services, so the per-instance matches do not collide).
-    pub fn match_prefix(&self, blocks: &[u64]) -> PrefixMatch {
-        let now = now_ms();
+    pub fn match_prefix(&self, blocks: &[u64], now: u64) -> PrefixMatch {
         let mut m = PrefixMatch {
             prompt_blocks: blocks.len() as u32,
             ..PrefixMatch::default()

@@ -45,19 +45,27 @@ pub struct LayerCtx<'r, 'a> {
     pub cands: &'r [Candidate],
     /// The balancing figure (in-flight tokens or requests).
     pub policy: LbPolicy,
-    pub loads: Vec<u64>,
+    /// Per candidate: its load, its match, whether a stage found it ineligible.
+    pub rows: &'r mut [Row],
     pub avg_load: f64,
-    /// Matched leading blocks per candidate (0 without a prefix match).
-    pub matched: Vec<u32>,
     /// Set by the affinity stage.
     pub affinity: AffinityOutcome,
     /// A stage that let the request fall through but must head its reason
     /// (`affinity-escape`, `affinity-rebind`).
     pub headline: Option<Cow<'static, str>>,
-    /// Candidates a stage found ineligible (shown in the explanation).
-    pub ineligible: Vec<bool>,
     /// One line per stage that has something to explain (only when `req.explain`).
     pub notes: Vec<String>,
+}
+
+/// One candidate's figures in a [`LayerCtx`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Row {
+    /// The balancing figure ([`LbPolicy::load_of`]).
+    pub load: u64,
+    /// Matched leading blocks (0 without a prefix match).
+    pub matched: u32,
+    /// A stage found it ineligible (shown in the explanation).
+    pub ineligible: bool,
 }
 
 /// A stage's choice.
@@ -141,19 +149,54 @@ impl Picker for FirstHit {
             return None;
         }
         let policy = self.policy;
-        let loads: Vec<u64> = cands.iter().map(|c| policy.load_of(c)).collect();
-        let avg_load = loads.iter().map(|&l| l as f64).sum::<f64>() / n as f64;
-        let matched = cands.iter().map(|c| req.matched(c)).collect();
+        if self.stages.is_empty() && !req.explain {
+            // Plain load balancing (hot path): no layer figures to compute.
+            let p = balance::pick(policy, cands, req.turn)?;
+            return Some(Decision {
+                pos: p.pos,
+                idx: cands[p.pos].idx,
+                key: cands[p.pos].key,
+                layer: Layer::Balance,
+                reason: Cow::Borrowed(p.reason.as_str()),
+                affinity: AffinityOutcome::Off,
+                prompt_blocks: 0,
+                matched_blocks: 0,
+                best_matched_blocks: 0,
+                trace: Trace::Layered(LayeredTrace {
+                    policy,
+                    avg_load: 0.0,
+                    notes: Vec::new(),
+                    fallback: None,
+                    rows: Vec::new(),
+                }),
+                dropped: Vec::new(),
+            });
+        }
+        // On the stack for the usual fleet sizes (hot path: no allocation).
+        let mut small = [Row::default(); 32];
+        let mut big = Vec::new();
+        let rows: &mut [Row] = if n <= small.len() {
+            &mut small[..n]
+        } else {
+            big.resize(n, Row::default());
+            &mut big
+        };
+        for (r, c) in rows.iter_mut().zip(cands) {
+            *r = Row {
+                load: policy.load_of(c),
+                matched: req.matched(c),
+                ineligible: false,
+            };
+        }
+        let avg_load = rows.iter().map(|r| r.load as f64).sum::<f64>() / n as f64;
         let mut cx = LayerCtx {
             req,
             cands,
             policy,
-            loads,
+            rows,
             avg_load,
-            matched,
             affinity: AffinityOutcome::Off,
             headline: None,
-            ineligible: vec![false; n],
             notes: Vec::new(),
         };
         let mut hit = None;
@@ -182,10 +225,10 @@ impl Picker for FirstHit {
             (0..n)
                 .map(|i| LayeredRow {
                     idx: cands[i].idx,
-                    load: cx.loads[i],
+                    load: cx.rows[i].load,
                     waiting: cands[i].waiting,
-                    matched: cx.matched[i],
-                    eligible: !cx.ineligible[i],
+                    matched: cx.rows[i].matched,
+                    eligible: !cx.rows[i].ineligible,
                 })
                 .collect()
         } else {
@@ -297,7 +340,7 @@ impl Stage for AffinityStage {
                     cx.notes
                         .push(format!("soft: bound load <= avg*ratio={limit:.1}"));
                 }
-                cx.loads[p] as f64 <= limit
+                cx.rows[p].load as f64 <= limit
             }
         };
         if ok {
@@ -375,9 +418,9 @@ impl Stage for PrefixStage {
             );
             cx.notes.push(s);
         }
-        for i in 0..n {
-            if !(cx.loads[i] as f64 <= limit && cx.cands[i].waiting <= p.waiting_threshold) {
-                cx.ineligible[i] = true;
+        for (r, c) in cx.rows.iter_mut().zip(cx.cands) {
+            if !(r.load as f64 <= limit && c.waiting <= p.waiting_threshold) {
+                r.ineligible = true;
             }
         }
         if prompt_blocks == 0 {
@@ -387,14 +430,15 @@ impl Stage for PrefixStage {
         let mut best: Option<usize> = None;
         for step in 0..n {
             let i = (start + step) % n;
-            if cx.ineligible[i] {
+            let r = &cx.rows[i];
+            if r.ineligible {
                 continue;
             }
             let better = match best {
                 None => true,
                 Some(b) => {
-                    (cx.matched[i], std::cmp::Reverse(cx.loads[i]))
-                        > (cx.matched[b], std::cmp::Reverse(cx.loads[b]))
+                    let o = &cx.rows[b];
+                    (r.matched, std::cmp::Reverse(r.load)) > (o.matched, std::cmp::Reverse(o.load))
                 }
             };
             if better {
@@ -402,8 +446,9 @@ impl Stage for PrefixStage {
             }
         }
         let b = best?;
-        let ratio = f64::from(cx.matched[b]) / f64::from(prompt_blocks);
-        (cx.matched[b] > 0 && ratio >= p.min_hit_ratio).then(|| Hit {
+        let m = cx.rows[b].matched;
+        let ratio = f64::from(m) / f64::from(prompt_blocks);
+        (m > 0 && ratio >= p.min_hit_ratio).then(|| Hit {
             pos: b,
             layer: Layer::Prefix,
             reason: Cow::Owned(format!("prefix({ratio:.2})")),

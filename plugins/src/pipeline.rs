@@ -147,15 +147,29 @@ impl Pipeline {
         cands: &[Candidate],
         rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        let mut keep = vec![true; cands.len()];
-        let mut dropped = Vec::new();
+        // The keep flags live on the stack for the usual fleet sizes (hot path: no allocation).
+        let mut small = [true; 32];
+        let mut big = Vec::new();
+        let keep: &mut [bool] = if cands.len() <= small.len() {
+            &mut small[..cands.len()]
+        } else {
+            big.resize(cands.len(), true);
+            &mut big
+        };
+        let mut dropped: Vec<Dropped> = Vec::new();
+        let mut kept = cands.len();
         for f in &self.filters {
-            let before = keep.clone();
-            f.apply(req, cands, &mut keep);
-            for (i, (b, k)) in before.iter().zip(&keep).enumerate() {
-                if *b && !*k {
+            f.apply(req, cands, keep);
+            let now_kept = keep.iter().filter(|k| **k).count();
+            if now_kept == kept {
+                continue;
+            }
+            kept = now_kept;
+            // Name the filter of every candidate it dropped (not one an earlier filter did).
+            for (c, k) in cands.iter().zip(keep.iter()) {
+                if !*k && !dropped.iter().any(|d| d.idx == c.idx) {
                     dropped.push(Dropped {
-                        idx: cands[i].idx,
+                        idx: c.idx,
                         by: f.name(),
                     });
                 }
@@ -182,7 +196,7 @@ impl Pipeline {
         d.matched_blocks = req.matched(&cands[d.pos]);
         d.best_matched_blocks = cands
             .iter()
-            .zip(&keep)
+            .zip(keep.iter())
             .filter(|(_, k)| **k)
             .map(|(c, _)| req.matched(c))
             .max()

@@ -20,12 +20,12 @@ use std::sync::Arc;
 use tokengate_plugins::{Completion, RequestView};
 
 /// Feeds a request's outcome to the instance's passive health.
-fn passive(inst: &Arc<Instance>, failed: bool, rt: &Runtime) {
+fn passive(inst: &Arc<Instance>, failed: bool, rt: &Runtime, now: u64) {
     let p = &rt.passive;
     let eject_ms = p.eject_for.as_millis() as u64;
     if inst
         .health
-        .on_request(failed, p.max_failures, eject_ms, now_ms())
+        .on_request(failed, p.max_failures, eject_ms, now)
     {
         warn!(
             "instance {} ejected for {:?} after {} consecutive failed requests",
@@ -35,12 +35,12 @@ fn passive(inst: &Arc<Instance>, failed: bool, rt: &Runtime) {
 }
 
 /// Tells the leg's scheduler how it ended.
-fn feedback(leg: &Leg, plan: &Plan, done: &Completion) {
+fn feedback(leg: &Leg, plan: &Plan, done: &Completion, now: u64) {
     let Some(s) = leg.by.scheduler() else { return };
     let view = RequestView {
         session: leg.session,
         blocks: &plan.blocks,
-        now_ms: now_ms(),
+        now_ms: now,
         ..RequestView::default()
     };
     s.pipeline.on_complete(&view, &leg.cand, done);
@@ -54,10 +54,11 @@ pub fn attempt_failed(ctx: &mut Ctx, plan: &Plan, retried_status: Option<u16>) {
         return;
     };
     let leg = ctx.legs.swap_remove(pos);
+    let now = now_ms();
     if retried_status.is_none_or(|s| s >= 500) {
-        passive(&leg.instance, true, &plan.runtime);
+        passive(&leg.instance, true, &plan.runtime, now);
     }
-    feedback(&leg, plan, &Completion::of(Outcome::Failed));
+    feedback(&leg, plan, &Completion::of(Outcome::Failed), now);
     leg.guard.finish(Outcome::Failed);
 }
 
@@ -93,12 +94,13 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     let mut model: &str = ctx.plan.as_ref().map_or("-", |p| p.dest.name());
     let mut served_by = None;
     if let Some(plan) = ctx.plan.as_ref() {
+        let now = now_ms();
         for leg in legs {
             let dispatched = leg.dispatched.is_some();
             if dispatched {
                 match outcome {
-                    Outcome::Failed => passive(&leg.instance, true, &plan.runtime),
-                    Outcome::Completed => passive(&leg.instance, false, &plan.runtime),
+                    Outcome::Failed => passive(&leg.instance, true, &plan.runtime, now),
+                    Outcome::Completed => passive(&leg.instance, false, &plan.runtime, now),
                     Outcome::Cancelled => {}
                 }
             }
@@ -114,12 +116,13 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 prompt_tokens: u.prompt,
                 cached_tokens: u.cached,
             };
-            feedback(&leg, plan, &done);
+            feedback(&leg, plan, &done, now);
             if dispatched {
-                if outcome == Outcome::Completed {
-                    leg.service
-                        .index
-                        .touch(&plan.blocks, leg.instance.key, now_ms());
+                // Refresh the prompt's last use (the index keeps whole seconds: a request that
+                // ended within the second of its dispatch, when the index inserted it, has
+                // nothing to refresh).
+                if outcome == Outcome::Completed && leg.dispatched_ms / 1000 != now / 1000 {
+                    leg.service.index.touch(&plan.blocks, leg.instance.key, now);
                 }
                 // The hit-rate figures of every routed request, per service.
                 let c = &leg.service.counters;

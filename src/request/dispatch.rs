@@ -13,7 +13,7 @@
 //!   first SSE event carrying output, or the end of a non-stream body) ends the leg's prefill
 //!   phase and gives the TTFT; the usage is read from the JSON body or the SSE events.
 
-use super::{complete, plan, Ctx};
+use super::{complete, plan, Ctx, LegRole, Plan};
 use crate::api;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -51,15 +51,27 @@ pub fn can_retry(ctx: &Ctx) -> bool {
 /// `upstream_peer`: dispatches the main leg (picking it again on a retry) and returns its
 /// peer.
 pub fn peer(shared: &Shared, session: &Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-    let Some(plan) = ctx.plan.clone() else {
+    // The plan is taken out for the attempt (no copy) and put back below.
+    let Some(plan) = ctx.plan.take() else {
         return Err(Error::explain(ErrorType::InternalError, "no plan"));
     };
+    let r = dispatch_main(shared, session, ctx, &plan);
+    ctx.plan = Some(plan);
+    r
+}
+
+fn dispatch_main(
+    shared: &Shared,
+    session: &Session,
+    ctx: &mut Ctx,
+    plan: &Plan,
+) -> Result<Box<HttpPeer>> {
     // A retry: the previous attempt failed to connect, or its engine answered a retryable
     // status, or reset the connection before answering.
     let retried = ctx.response.retry_status.take();
     ctx.response.answered = false;
     if ctx.main_leg().is_some_and(|l| l.dispatched.is_some()) {
-        complete::attempt_failed(ctx, &plan, retried);
+        complete::attempt_failed(ctx, plan, retried);
     }
     if ctx.main_leg().is_none() {
         if ctx.tried.len() >= MAX_ATTEMPTS {
@@ -69,26 +81,29 @@ pub fn peer(shared: &Shared, session: &Session, ctx: &mut Ctx) -> Result<Box<Htt
                 plan.dest.name()
             ))));
         }
-        let leg = plan::pick(&plan, &session.req_header().headers, &ctx.tried).map_err(gw_err)?;
+        let leg = plan::pick(plan, &session.req_header().headers, &ctx.tried).map_err(gw_err)?;
         ctx.legs.push(leg);
     }
-    let Some(leg) = ctx.main_leg_mut() else {
+    let Some(li) = ctx.legs.iter().position(|l| l.role == LegRole::Main) else {
         return Err(Error::explain(ErrorType::InternalError, "no leg"));
     };
+    let leg = &mut ctx.legs[li];
     leg.dispatched = Some(Instant::now());
+    let now = now_ms();
+    leg.dispatched_ms = now;
     // The scheduler and the prefix index learn the dispatch.
     if let Some(s) = leg.by.scheduler() {
         let view = RequestView {
             session: leg.session,
             blocks: &plan.blocks,
-            now_ms: now_ms(),
+            now_ms: now,
             ..RequestView::default()
         };
         s.pipeline.on_dispatch(&view, &leg.cand);
     }
     leg.service
         .index
-        .insert(&plan.blocks, leg.instance.key, now_ms());
+        .insert(&plan.blocks, leg.instance.key, now);
     shared
         .metrics
         .decisions
@@ -104,19 +119,19 @@ pub fn peer(shared: &Shared, session: &Session, ctx: &mut Ctx) -> Result<Box<Htt
         );
     }
     let inst = leg.instance.clone();
-    let service_name = leg.service.name.clone();
-    ctx.reason = leg.reason.clone();
-    ctx.tried.push(inst.key);
     // The engine serves the service's name: rewrite `model` when the client named a route
     // or fell back to the default model.
-    if service_name != plan.info.model {
-        if let Some(b) = ctx
-            .body
-            .as_ref()
-            .and_then(|b| api::rewrite_model(b, &service_name))
-        {
-            ctx.body = Some(Bytes::from(b));
-        }
+    let rewritten = (leg.service.name != plan.info.model)
+        .then(|| {
+            ctx.body
+                .as_ref()
+                .and_then(|b| api::rewrite_model(b, &leg.service.name))
+        })
+        .flatten();
+    ctx.reason = leg.reason.clone();
+    ctx.tried.push(inst.key);
+    if let Some(b) = rewritten {
+        ctx.body = Some(Bytes::from(b));
     }
     let t = &plan.runtime.timeouts;
     let mut peer = HttpPeer::new(inst.addr, false, String::new());

@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use tokengate_plugins::{Candidate, InstanceKey, SessionKey};
 
 /// A planned request: what every attempt and every leg needs.
-#[derive(Clone)]
 pub struct Plan {
     pub api: Api,
     pub info: Arc<RequestInfo>,
@@ -44,7 +43,7 @@ pub struct Plan {
     pub start: Instant,
     pub request_id: String,
     /// The prompt's chained block hashes (prefix index key).
-    pub blocks: Arc<[u64]>,
+    pub blocks: Vec<u64>,
     /// The gateway added `stream_options.include_usage`; remove the usage chunk downstream.
     pub strip_usage: bool,
     /// Forward the client's Authorization / x-api-key headers (gateway auth disabled).
@@ -99,8 +98,9 @@ pub struct Leg {
     /// One line with every candidate's numbers (built only when debug logging is on).
     pub explain: Option<String>,
     pub guard: LoadGuard<Instance>,
-    /// When the leg was sent (set by dispatch).
+    /// When the leg was sent (set by dispatch), and the same on the gateway's clock.
     pub dispatched: Option<Instant>,
+    pub dispatched_ms: u64,
 }
 
 impl Leg {

@@ -73,7 +73,7 @@ pub async fn plan(
         Dest::Route(r) if r.asks_decision() => ask_decision_service(shared, r, &info).await,
         _ => None,
     };
-    let blocks: Arc<[u64]> = block_hashes(info.prompt.as_bytes(), rt.block_bytes).into();
+    let blocks = block_hashes(info.prompt.as_bytes(), rt.block_bytes);
     let plan = Plan {
         api,
         forward_auth: rt.api_keys.is_empty(),
@@ -142,6 +142,7 @@ fn run(
     cands: &[Candidate],
     m: &PrefixMatch,
     tried: &[InstanceKey],
+    now: u64,
     name: impl Fn(usize) -> String,
 ) -> Option<Picked> {
     let session = sched.session_key(headers, &plan.info, plan.api);
@@ -150,7 +151,7 @@ fn run(
         session,
         blocks: &plan.blocks,
         prefix: Some(m),
-        now_ms: now_ms(),
+        now_ms: now,
         turn: sched.next_turn(),
         decision: plan.decision,
         exclude: tried,
@@ -189,6 +190,7 @@ fn leg(
         explain: p.explain,
         guard: LoadGuard::acquire(inst.clone(), plan.info.expected_tokens()),
         dispatched: None,
+        dispatched_ms: 0,
     }
 }
 
@@ -198,9 +200,10 @@ fn in_service(
     svc: &Arc<Service>,
     tried: &[InstanceKey],
 ) -> Option<Leg> {
-    let cands = svc.candidates();
-    let m = svc.match_prefix(&plan.blocks);
-    let p = run(&svc.sched, plan, headers, &cands, &m, tried, |i| {
+    let now = now_ms();
+    let cands = svc.candidates(now);
+    let m = svc.index.match_prefix(&plan.blocks, now);
+    let p = run(&svc.sched, plan, headers, &cands, &m, tried, now, |i| {
         svc.instances[i].id.clone()
     })?;
     let cand = cands[p.d.pos];
@@ -222,9 +225,10 @@ fn across_route(
     sched: &Scheduler,
     tried: &[InstanceKey],
 ) -> Option<Leg> {
-    let cands = r.candidates();
-    let m = r.match_prefix(&plan.blocks);
-    let p = run(sched, plan, headers, &cands, &m, tried, |i| {
+    let now = now_ms();
+    let cands = r.candidates(now);
+    let m = r.match_prefix(&plan.blocks, now);
+    let p = run(sched, plan, headers, &cands, &m, tried, now, |i| {
         r.flat(i).map_or(String::new(), |(_, x)| x.id.clone())
     })?;
     let cand = cands[p.d.pos];

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request, counted by callgrind: repeatable for the same
+# binary and inputs whatever else the machine does (a 2-core VM's wall clock is not). Compare
+# builds side by side in one run.
+#
+# Each binary runs under `valgrind --tool=callgrind` as `tokengate serve` in front of one
+# engine-sim (--time-scale 1e6: prefill and decode take ~0; 1 output token); a client sends
+# WARM requests, the counters are zeroed (callgrind_control -z), N requests are sent over 4
+# keep-alive connections, the counters are dumped and divided by N. The body is the 2 KB chat
+# request of bench/overhead.sh; SCHED picks the service's scheduler (balance, layered, policy).
+#
+# Usage: [SCHED=balance] [N=1000] [WARM=200] bench/callgrind.sh [BIN ...]   (default: target/release/tokengate)
+# Needs valgrind (apt-get install valgrind). Prints one line per binary; with OUT=FILE appends
+# a markdown table row per binary to FILE; with KEEP=DIR keeps the dumps there (read them with
+# `callgrind_annotate --inclusive=yes FILE`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+N=${N:-1000}
+WARM=${WARM:-200}
+SCHED=${SCHED:-balance}
+BINS=("$@")
+[ ${#BINS[@]} -gt 0 ] || BINS=(target/release/tokengate)
+command -v valgrind >/dev/null || { echo "valgrind missing: apt-get install valgrind" >&2; exit 1; }
+SIM_BIN=${BINS[0]}
+
+UP_PORT=$(free_port)
+$SIM_BIN engine-sim --listen 127.0.0.1:$UP_PORT --id up --model bench-model --time-scale 1000000 \
+  --default-output-tokens 1 --max-running 1024 >"$WORK/sim.log" 2>&1 &
+PIDS+=($!)
+wait_http http://127.0.0.1:$UP_PORT/health
+
+case "$SCHED" in
+  balance) SCHED_YAML="" ;;
+  layered) SCHED_YAML=$'    scheduler:\n      mode: layered\n      affinity: {}\n      prefix: {}\n' ;;
+  policy) SCHED_YAML=$'    scheduler:\n      mode: policy\n      plugins: [{kind: session-affinity}, {kind: least-inflight}, {kind: prefix-cache}]\n' ;;
+  *) echo "SCHED: balance, layered or policy" >&2; exit 1 ;;
+esac
+
+python3 - "$WORK/body.json" <<'PY'
+import json, sys
+msg = "You are a helpful assistant. " * 8
+body = {"model": "bench-model", "max_tokens": 1, "messages": [
+    {"role": "system", "content": msg},
+    {"role": "user", "content": "x" * (2048 - 60 - len(json.dumps(msg)))}]}
+open(sys.argv[1], "w").write(json.dumps(body))
+PY
+
+send() { # $1 port, $2 requests
+  python3 - "$1" "$2" "$WORK/body.json" <<'PY'
+import http.client, sys, threading
+port, n, body = int(sys.argv[1]), int(sys.argv[2]), open(sys.argv[3], "rb").read()
+errors = []
+def worker(k):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    for _ in range(k):
+        c.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        r = c.getresponse(); r.read()
+        if r.status != 200: errors.append(r.status)
+conns = 4
+ts = [threading.Thread(target=worker, args=(n // conns + (1 if i < n % conns else 0),)) for i in range(conns)]
+[t.start() for t in ts]; [t.join() for t in ts]
+if errors: sys.exit(f"{len(errors)} errors: {errors[:5]}")
+PY
+}
+
+for BIN in "${BINS[@]}"; do
+  port=$(free_port); adm=$(free_port)
+  cat >"$WORK/tg.yaml" <<YAML
+listen: ["127.0.0.1:$port"]
+admin_listen: "127.0.0.1:$adm"
+threads: 2
+health_check: {enabled: false}
+services:
+  - name: bench-model
+${SCHED_YAML}    instances:
+      - { id: up, addr: "127.0.0.1:$UP_PORT" }
+YAML
+  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.%p" \
+    "$BIN" serve -c "$WORK/tg.yaml" >"$WORK/tg.out" 2>"$WORK/tg.log" &
+  vpid=$!
+  for _ in $(seq 1 600); do curl -sf -o /dev/null "http://127.0.0.1:$adm/health" && break; sleep 0.1; done
+  send "$port" "$WARM"
+  callgrind_control -z "$vpid" >/dev/null
+  send "$port" "$N"
+  callgrind_control -d "$vpid" >/dev/null
+  kill "$vpid"; wait "$vpid" 2>/dev/null || true
+  # The dump after zeroing: the last numbered dump file of this pid.
+  dump=$(ls -t "$WORK"/cg."$vpid".* | head -1)
+  ir=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')
+  per=$(python3 -c "print(f'{$ir / $N:,.0f}')")
+  echo "$BIN sched=$SCHED: $per instructions per request ($ir over $N)"
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP"; cp "$dump" "$KEEP/callgrind.$(basename "$BIN").$SCHED"
+  fi
+  if [ -n "${OUT:-}" ]; then
+    echo "| \`$BIN\` | $SCHED | $N | $per |" >>"$OUT"
+  fi
+  rm -f "$WORK"/cg."$vpid"*
+done
