@@ -83,8 +83,8 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
                         }
                     }
                     // `use super::{a, b}`: each name may be a sibling module.
-                    if tail.starts_with('{') {
-                        let group = tail[1..].split('}').next().unwrap_or("");
+                    if let Some(group) = tail.strip_prefix('{') {
+                        let group = group.split('}').next().unwrap_or("");
                         for name in group.split(',') {
                             let name = name.trim().split("::").next().unwrap_or("");
                             let b = if prefix == "super::" { base } else { None };

@@ -15,7 +15,7 @@ use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::load::LoadGuard;
 use crate::pipelines::Scheduler;
-use crate::runtime::{Dest, Route, RouteMode, Service};
+use crate::runtime::{Dest, Instance, Route, RouteMode, Service};
 use crate::shared::Shared;
 use bytes::Bytes;
 use log::debug;
@@ -104,14 +104,20 @@ pub fn pick(
             tried.len()
         ))
     };
+    let ask = Ask {
+        plan,
+        headers,
+        tried,
+        now: now_ms(),
+    };
     match &plan.dest {
-        Dest::Service(s) => in_service(plan, headers, s, tried).ok_or_else(none),
+        Dest::Service(s) => ask.in_service(s).ok_or_else(none),
         Dest::Route(r) => match &r.mode {
             RouteMode::Targets { by, wrr } => {
                 let t = wrr
                     .pick(|t| r.targets[t].has_untried(tried))
                     .ok_or_else(none)?;
-                let mut leg = in_service(plan, headers, &r.targets[t], tried).ok_or_else(none)?;
+                let mut leg = ask.in_service(&r.targets[t]).ok_or_else(none)?;
                 leg.reason = Cow::Owned(format!(
                     "{}({})+{}",
                     by.as_str(),
@@ -120,9 +126,7 @@ pub fn pick(
                 ));
                 Ok(leg)
             }
-            RouteMode::Policy(sched) => {
-                across_route(plan, headers, r, sched, tried).ok_or_else(none)
-            }
+            RouteMode::Policy(sched) => ask.across_route(r, sched).ok_or_else(none),
         },
     }
 }
@@ -134,120 +138,109 @@ struct Picked {
     explain: Option<String>,
 }
 
-/// Runs `sched`'s pipeline over `cands` with the prompt's match `m`.
-fn run(
-    sched: &Scheduler,
-    plan: &Plan,
-    headers: &http::HeaderMap,
-    cands: &[Candidate],
-    m: &PrefixMatch,
-    tried: &[InstanceKey],
+/// What one pick reads: the plan, the client's headers (session keys), the instances already
+/// tried and the clock.
+struct Ask<'a> {
+    plan: &'a Plan,
+    headers: &'a http::HeaderMap,
+    tried: &'a [InstanceKey],
     now: u64,
-    name: impl Fn(usize) -> String,
-) -> Option<Picked> {
-    let session = sched.session_key(headers, &plan.info, plan.api);
-    let explain = log::log_enabled!(log::Level::Debug);
-    let view = RequestView {
-        session,
-        blocks: &plan.blocks,
-        prefix: Some(m),
-        now_ms: now,
-        turn: sched.next_turn(),
-        decision: plan.decision,
-        exclude: tried,
-        explain,
-    };
-    let d = RNG.with(|r| sched.pipeline.pick(&view, cands, &mut *r.borrow_mut()))?;
-    let explain = explain.then(|| format!("{} {}", sched.describe, d.explain_with(name)));
-    Some(Picked {
-        d,
-        session,
-        explain,
-    })
 }
 
-fn leg(
-    plan: &Plan,
-    service: &Arc<Service>,
-    inst: &Arc<crate::runtime::Instance>,
-    by: ChosenBy,
-    cand: Candidate,
-    p: Picked,
-) -> Leg {
-    Leg {
-        role: LegRole::Main,
-        service: service.clone(),
-        instance: inst.clone(),
-        by,
-        cand,
-        session: p.session,
-        reason: p.d.reason,
-        prefix: PrefixFigures {
-            prompt_blocks: p.d.prompt_blocks,
-            matched: p.d.matched_blocks,
-            best: p.d.best_matched_blocks,
-        },
-        explain: p.explain,
-        guard: LoadGuard::acquire(inst.clone(), plan.info.expected_tokens()),
-        dispatched: None,
-        dispatched_ms: 0,
+impl Ask<'_> {
+    /// Runs `sched`'s pipeline over `cands` with the prompt's match `m`.
+    fn run(
+        &self,
+        sched: &Scheduler,
+        cands: &[Candidate],
+        m: &PrefixMatch,
+        name: impl Fn(usize) -> String,
+    ) -> Option<Picked> {
+        let plan = self.plan;
+        let session = sched.session_key(self.headers, &plan.info, plan.api);
+        let explain = log::log_enabled!(log::Level::Debug);
+        let view = RequestView {
+            session,
+            blocks: &plan.blocks,
+            prefix: Some(m),
+            now_ms: self.now,
+            turn: sched.next_turn(),
+            decision: plan.decision,
+            exclude: self.tried,
+            explain,
+        };
+        let d = RNG.with(|r| sched.pipeline.pick(&view, cands, &mut *r.borrow_mut()))?;
+        let explain = explain.then(|| format!("{} {}", sched.describe, d.explain_with(name)));
+        Some(Picked {
+            d,
+            session,
+            explain,
+        })
     }
-}
 
-fn in_service(
-    plan: &Plan,
-    headers: &http::HeaderMap,
-    svc: &Arc<Service>,
-    tried: &[InstanceKey],
-) -> Option<Leg> {
-    let now = now_ms();
-    let cands = svc.candidates(now);
-    let m = svc.index.match_prefix(&plan.blocks, now);
-    let p = run(&svc.sched, plan, headers, &cands, &m, tried, now, |i| {
-        svc.instances[i].id.clone()
-    })?;
-    let cand = cands[p.d.pos];
-    let inst = &svc.instances[cand.idx];
-    Some(leg(
-        plan,
-        svc,
-        inst,
-        ChosenBy::Service(svc.clone()),
-        cand,
-        p,
-    ))
-}
-
-fn across_route(
-    plan: &Plan,
-    headers: &http::HeaderMap,
-    r: &Arc<Route>,
-    sched: &Scheduler,
-    tried: &[InstanceKey],
-) -> Option<Leg> {
-    let now = now_ms();
-    let cands = r.candidates(now);
-    let m = r.match_prefix(&plan.blocks, now);
-    let p = run(sched, plan, headers, &cands, &m, tried, now, |i| {
-        r.flat(i).map_or(String::new(), |(_, x)| x.id.clone())
-    })?;
-    let cand = cands[p.d.pos];
-    let (t, inst) = r.flat(cand.idx)?;
-    let svc = r.targets[t].clone();
-    let mut l = leg(plan, &svc, inst, ChosenBy::Route(r.clone()), cand, p);
-    if r.asks_decision() {
-        // Say what the decision service answered, and whether its target was kept.
-        let named = plan
-            .decision
-            .and_then(|n| r.targets.get(n as usize))
-            .map(|s| s.name.as_str());
-        l.reason = Cow::Owned(match named {
-            Some(n) if n == svc.name => format!("decision({n})+{}", l.reason),
-            Some(n) => format!("decision-unavailable({n})+{}", l.reason),
-            None => format!("decision(abstain)+{}", l.reason),
-        });
+    /// The leg for the picked candidate, holding its load guard.
+    fn leg(
+        &self,
+        service: &Arc<Service>,
+        inst: &Arc<Instance>,
+        by: ChosenBy,
+        cand: Candidate,
+        p: Picked,
+    ) -> Leg {
+        Leg {
+            role: LegRole::Main,
+            service: service.clone(),
+            instance: inst.clone(),
+            by,
+            cand,
+            session: p.session,
+            reason: p.d.reason,
+            prefix: PrefixFigures {
+                prompt_blocks: p.d.prompt_blocks,
+                matched: p.d.matched_blocks,
+                best: p.d.best_matched_blocks,
+            },
+            explain: p.explain,
+            guard: LoadGuard::acquire(inst.clone(), self.plan.info.expected_tokens()),
+            dispatched: None,
+            dispatched_ms: 0,
+        }
     }
-    Some(l)
+
+    fn in_service(&self, svc: &Arc<Service>) -> Option<Leg> {
+        let cands = svc.candidates(self.now);
+        let m = svc.index.match_prefix(&self.plan.blocks, self.now);
+        let p = self.run(&svc.sched, &cands, &m, |i| svc.instances[i].id.clone())?;
+        let cand = cands[p.d.pos];
+        let inst = &svc.instances[cand.idx];
+        Some(self.leg(svc, inst, ChosenBy::Service(svc.clone()), cand, p))
+    }
+
+    fn across_route(&self, r: &Arc<Route>, sched: &Scheduler) -> Option<Leg> {
+        let cands = r.candidates(self.now);
+        let m = r.match_prefix(&self.plan.blocks, self.now);
+        let p = self.run(sched, &cands, &m, |i| {
+            r.flat(i).map_or(String::new(), |(_, x)| x.id.clone())
+        })?;
+        let cand = cands[p.d.pos];
+        let (t, inst) = r.flat(cand.idx)?;
+        let svc = r.targets[t].clone();
+        let mut l = self.leg(&svc, inst, ChosenBy::Route(r.clone()), cand, p);
+        if r.asks_decision() {
+            // Say what the decision service answered, and whether its target was kept.
+            let named = self
+                .plan
+                .decision
+                .and_then(|n| r.targets.get(n as usize))
+                .map(|s| s.name.as_str());
+            l.reason = Cow::Owned(match named {
+                Some(n) if n == svc.name => format!("decision({n})+{}", l.reason),
+                Some(n) => format!("decision-unavailable({n})+{}", l.reason),
+                None => format!("decision(abstain)+{}", l.reason),
+            });
+        }
+        Some(l)
+    }
 }
 
 /// Asks the route's decision service which target fits. Never fails the request: a timeout,
