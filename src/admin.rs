@@ -38,6 +38,20 @@ impl Admin {
                     .with_label_values(&id)
                     .set(l.inflight_tokens as i64);
                 m.waiting.with_label_values(&id).set(l.waiting as i64);
+                m.queued_prefill_tokens
+                    .with_label_values(&id)
+                    .set(l.prefill_tokens as i64);
+                let learned = rt.cost.learned(i.key);
+                if learned.prefill_samples > 0 {
+                    m.learned_prefill_tps
+                        .with_label_values(&id)
+                        .set(learned.prefill_tps);
+                }
+                if learned.step_samples > 0 {
+                    m.learned_decode_step
+                        .with_label_values(&id)
+                        .set(learned.step_ms / 1000.0);
+                }
                 let h = i.health.view(now_ms());
                 m.available
                     .with_label_values(&id)
@@ -53,6 +67,9 @@ impl Admin {
             m.index_evicted_bytes
                 .with_label_values(&n)
                 .set(g.evicted_bytes as i64);
+            m.index_trimmed_blocks
+                .with_label_values(&n)
+                .set(g.trimmed_blocks as i64);
         }
         for (name, s) in rt.schedulers() {
             if let Some(t) = &s.sessions {

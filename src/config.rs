@@ -59,10 +59,61 @@ pub struct Config {
     /// OpenAI-compatible chat models the decision service can ask.
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
-    /// The prefix index shared by every prefix-aware scheduler.
+    /// The prefix index of every service.
     #[serde(default)]
     pub prefix_index: PrefixIndexSettings,
+    /// The predicted-TTFT model (its priors; the rates are learned per instance).
+    #[serde(default)]
+    pub cost_model: CostModelSettings,
 }
+
+/// Settings of the predicted-TTFT model: what it assumes before it has learned an instance.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostModelSettings {
+    /// Prefill rate assumed before any is learned, uncached prompt tokens per second (an
+    /// instance with too few samples of its own uses the mean of those that have one).
+    #[serde(default = "d_prior_tps")]
+    pub prior_prefill_tokens_per_second: f64,
+    /// Decode step assumed before any is learned.
+    #[serde(default = "d_prior_step", with = "humantime_serde")]
+    pub prior_decode_step: Duration,
+    /// Weight of each new observation in the learned averages (0..1].
+    #[serde(default = "d_learning_rate")]
+    pub learning_rate: f64,
+    /// Extra cost of a request's uncached tokens, as a fraction of their prefill time
+    /// (computing a prefix where it is not cached pushes other prefixes out of that cache).
+    #[serde(default)]
+    pub miss_penalty: f64,
+}
+
+impl Default for CostModelSettings {
+    fn default() -> Self {
+        CostModelSettings {
+            prior_prefill_tokens_per_second: d_prior_tps(),
+            prior_decode_step: d_prior_step(),
+            learning_rate: d_learning_rate(),
+            miss_penalty: 0.0,
+        }
+    }
+}
+
+fn d_prior_tps() -> f64 {
+    8000.0
+}
+fn d_prior_step() -> Duration {
+    Duration::from_millis(20)
+}
+fn d_learning_rate() -> f64 {
+    0.2
+}
+
+/// Default room above the best predicted TTFT for keeping a prefix (or a session) at home.
+pub const DEFAULT_TTFT_TOLERANCE: f64 = 0.5;
+/// Default absolute room, added to [`DEFAULT_TTFT_TOLERANCE`].
+pub const DEFAULT_TTFT_SLACK: Duration = Duration::from_millis(50);
+/// Default `min_hit_ratio` of the prefix layer when it compares predicted TTFTs.
+pub const DEFAULT_COST_MIN_HIT: f64 = 0.2;
 
 /// How instances of one service are chosen. Absent: the service's `load_balancing` alone.
 #[derive(Debug, Clone, Deserialize)]
@@ -73,9 +124,9 @@ pub enum SchedulerConfig {
         /// Layer 1; absent = off.
         #[serde(default)]
         affinity: Option<AffinitySettings>,
-        /// Layer 2; absent = off.
+        /// Layer 2; on by default (`enabled: false` turns it off).
         #[serde(default)]
-        prefix: Option<PrefixSettings>,
+        prefix: PrefixSettings,
     },
     /// Weighted plugin scoring: Σ weight × normalised score, highest wins.
     Policy(PolicySettings),
@@ -90,9 +141,17 @@ pub struct AffinitySettings {
     /// Request headers carrying the session key, first present wins.
     #[serde(default = "d_session_headers")]
     pub headers: Vec<String>,
-    /// Soft mode leaves the bound instance when its load > average × this.
-    #[serde(default = "d_ratio")]
-    pub soft_max_load_ratio: f64,
+    /// Soft mode leaves the bound instance when its load > average × this (the fixed-ratio
+    /// rule). Absent: when its predicted TTFT is above the best × (1 + `ttft_tolerance`) +
+    /// `ttft_slack`.
+    #[serde(default)]
+    pub soft_max_load_ratio: Option<f64>,
+    /// See `soft_max_load_ratio` (default 0.5).
+    #[serde(default)]
+    pub ttft_tolerance: Option<f64>,
+    /// See `soft_max_load_ratio` (default 50ms).
+    #[serde(default, with = "humantime_serde")]
+    pub ttft_slack: Option<Duration>,
     /// Binding lifetime, refreshed on use.
     #[serde(default = "d_session_ttl", with = "humantime_serde")]
     pub ttl: Duration,
@@ -101,18 +160,52 @@ pub struct AffinitySettings {
     pub max_entries: usize,
 }
 
+/// The prefix layer. By default an instance holding a prefix is preferred while its
+/// predicted TTFT stays within `ttft_tolerance` / `ttft_slack` of the best candidate's; with
+/// `load_tolerance` or `waiting_threshold` set it uses those fixed limits instead.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrefixSettings {
-    /// Below this share of the prompt found on an instance, it is a miss.
-    #[serde(default = "d_min_hit")]
-    pub min_hit_ratio: f64,
-    /// An instance is not preferred when its load > average × (1 + this).
-    #[serde(default = "d_tolerance")]
-    pub load_tolerance: f64,
-    /// An instance is not preferred when more requests than this wait for their first byte.
-    #[serde(default = "d_waiting")]
-    pub waiting_threshold: u64,
+    /// `false` turns the layer off.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Below this share of the prompt found on an instance, it is a miss (default 0.2, or
+    /// 0.5 with the fixed limits).
+    #[serde(default)]
+    pub min_hit_ratio: Option<f64>,
+    /// Fixed limit: not preferred when its load > average × (1 + this) (default 0.3).
+    #[serde(default)]
+    pub load_tolerance: Option<f64>,
+    /// Fixed limit: not preferred when more requests than this wait for their first token
+    /// (default 2).
+    #[serde(default)]
+    pub waiting_threshold: Option<u64>,
+    /// Preferred while its predicted TTFT ≤ best × (1 + this) + `ttft_slack` (default 0.5).
+    #[serde(default)]
+    pub ttft_tolerance: Option<f64>,
+    /// See `ttft_tolerance` (default 50ms).
+    #[serde(default, with = "humantime_serde")]
+    pub ttft_slack: Option<Duration>,
+}
+
+impl Default for PrefixSettings {
+    fn default() -> Self {
+        PrefixSettings {
+            enabled: true,
+            min_hit_ratio: None,
+            load_tolerance: None,
+            waiting_threshold: None,
+            ttft_tolerance: None,
+            ttft_slack: None,
+        }
+    }
+}
+
+impl PrefixSettings {
+    /// Whether the fixed load / waiting limits are used (instead of predicted TTFTs).
+    pub fn fixed_limits(&self) -> bool {
+        self.load_tolerance.is_some() || self.waiting_threshold.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -155,6 +248,11 @@ pub enum PluginSettings {
         #[serde(default = "d_token_scale")]
         token_scale: f64,
     },
+    /// `best / est`: the predicted time to first token relative to the best candidate's.
+    PredictedTtft {
+        #[serde(default)]
+        weight: Option<f64>,
+    },
     /// Share of the prompt cached on the instance; matches below `min_hit_ratio` score 0.
     PrefixCache {
         #[serde(default)]
@@ -179,6 +277,7 @@ impl PluginSettings {
             PluginSettings::SessionAffinity { .. } => "session-affinity",
             PluginSettings::LeastInflight { .. } => "least-inflight",
             PluginSettings::LeastToken { .. } => "least-token",
+            PluginSettings::PredictedTtft { .. } => "predicted-ttft",
             PluginSettings::PrefixCache { .. } => "prefix-cache",
             PluginSettings::DecisionService { .. } => "decision-service",
         }
@@ -190,6 +289,7 @@ impl PluginSettings {
             PluginSettings::SessionAffinity { weight }
             | PluginSettings::LeastInflight { weight }
             | PluginSettings::LeastToken { weight, .. }
+            | PluginSettings::PredictedTtft { weight }
             | PluginSettings::PrefixCache { weight, .. }
             | PluginSettings::DecisionService { weight } => *weight,
         }
@@ -364,9 +464,6 @@ fn d_session_chain() -> Vec<KeySource> {
         KeySource::PromptCacheKey,
     ]
 }
-fn d_ratio() -> f64 {
-    1.5
-}
 fn d_session_ttl() -> Duration {
     Duration::from_secs(1800)
 }
@@ -378,12 +475,6 @@ fn d_token_scale() -> f64 {
 }
 fn d_min_hit() -> f64 {
     0.5
-}
-fn d_tolerance() -> f64 {
-    0.3
-}
-fn d_waiting() -> u64 {
-    2
 }
 fn d_block_tokens() -> usize {
     16
@@ -550,9 +641,10 @@ impl Default for Timeouts {
 pub struct ServiceConfig {
     /// The model name clients send (`"model": "qwen3-32b"`).
     pub name: String,
-    /// `least-token` (default), `least-request` or `round-robin`.
+    /// `least-token`, `least-request`, `round-robin` or `predicted-ttft`. Default:
+    /// `predicted-ttft` under a layered scheduler, else `least-token`.
     #[serde(default)]
-    pub load_balancing: LbPolicy,
+    pub load_balancing: Option<LbPolicy>,
     /// Layered or policy scheduling; absent = `load_balancing` alone.
     #[serde(default)]
     pub scheduler: Option<SchedulerConfig>,
@@ -767,6 +859,20 @@ impl Config {
         if pi.maintenance_interval.is_zero() {
             errs.push("prefix_index.maintenance_interval: must be greater than 0".into());
         }
+        let cm = &self.cost_model;
+        if !(cm.prior_prefill_tokens_per_second.is_finite()
+            && cm.prior_prefill_tokens_per_second > 0.0)
+        {
+            errs.push(
+                "cost_model.prior_prefill_tokens_per_second: must be a positive number".into(),
+            );
+        }
+        if !(cm.learning_rate > 0.0 && cm.learning_rate <= 1.0) {
+            errs.push("cost_model.learning_rate: must be in (0, 1]".into());
+        }
+        if !(cm.miss_penalty.is_finite() && cm.miss_penalty >= 0.0) {
+            errs.push("cost_model.miss_penalty: must be >= 0".into());
+        }
         let mut pnames = HashSet::new();
         for (pi, p) in self.providers.iter().enumerate() {
             if !pnames.insert(p.name.as_str()) {
@@ -946,8 +1052,20 @@ fn validate_scheduler(sc: &SchedulerConfig, p: &str, errs: &mut Vec<String>) {
                         ));
                     }
                 }
-                if a.soft_max_load_ratio.is_nan() || a.soft_max_load_ratio < 1.0 {
+                if a.soft_max_load_ratio.is_some_and(|r| r.is_nan() || r < 1.0) {
                     errs.push(format!("{p}.affinity.soft_max_load_ratio: must be >= 1.0"));
+                }
+                if a.soft_max_load_ratio.is_some()
+                    && (a.ttft_tolerance.is_some() || a.ttft_slack.is_some())
+                {
+                    errs.push(format!(
+                        "{p}.affinity: soft_max_load_ratio (a fixed load limit) and ttft_tolerance / ttft_slack (predicted TTFT) exclude each other; keep one"
+                    ));
+                }
+                if a.ttft_tolerance
+                    .is_some_and(|t| !(t.is_finite() && t >= 0.0))
+                {
+                    errs.push(format!("{p}.affinity.ttft_tolerance: must be >= 0"));
                 }
                 if a.max_entries == 0 {
                     errs.push(format!("{p}.affinity.max_entries: must be at least 1"));
@@ -956,13 +1074,22 @@ fn validate_scheduler(sc: &SchedulerConfig, p: &str, errs: &mut Vec<String>) {
                     errs.push(format!("{p}.affinity.ttl: must be greater than 0"));
                 }
             }
-            if let Some(x) = prefix {
-                if !(0.0..=1.0).contains(&x.min_hit_ratio) {
-                    errs.push(format!("{p}.prefix.min_hit_ratio: must be in [0, 1]"));
-                }
-                if x.load_tolerance.is_nan() || x.load_tolerance < 0.0 {
-                    errs.push(format!("{p}.prefix.load_tolerance: must be >= 0"));
-                }
+            let x = prefix;
+            if x.min_hit_ratio.is_some_and(|r| !(0.0..=1.0).contains(&r)) {
+                errs.push(format!("{p}.prefix.min_hit_ratio: must be in [0, 1]"));
+            }
+            if x.load_tolerance.is_some_and(|t| t.is_nan() || t < 0.0) {
+                errs.push(format!("{p}.prefix.load_tolerance: must be >= 0"));
+            }
+            if x.ttft_tolerance
+                .is_some_and(|t| !(t.is_finite() && t >= 0.0))
+            {
+                errs.push(format!("{p}.prefix.ttft_tolerance: must be >= 0"));
+            }
+            if x.fixed_limits() && (x.ttft_tolerance.is_some() || x.ttft_slack.is_some()) {
+                errs.push(format!(
+                    "{p}.prefix: load_tolerance / waiting_threshold (fixed limits) and ttft_tolerance / ttft_slack (predicted TTFT) exclude each other; keep one kind"
+                ));
             }
         }
         SchedulerConfig::Policy(ps) => {
@@ -1140,7 +1267,7 @@ mod tests {
         let cases = [
             (
                 "services:\n  - name: m\n    load_balancing: random\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
-                "services[0].load_balancing: unknown variant `random`, expected one of `least-token`, `least-request`, `round-robin`",
+                "services[0].load_balancing: unknown variant `random`, expected one of `least-token`, `least-request`, `round-robin`, `predicted-ttft`",
             ),
             (
                 "services:\n  - name: m\n    scheduler: {mode: layered, affinity: {mode: sticky}}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
@@ -1148,7 +1275,7 @@ mod tests {
             ),
             (
                 "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: fastest}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
-                "unknown variant `fastest`, expected one of `session-affinity`, `least-inflight`, `least-token`, `prefix-cache`, `decision-service`",
+                "unknown variant `fastest`, expected one of `session-affinity`, `least-inflight`, `least-token`, `predicted-ttft`, `prefix-cache`, `decision-service`",
             ),
             (
                 "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: least-inflight, token_scale: 5}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",

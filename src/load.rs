@@ -18,6 +18,7 @@ pub struct InstanceLoad {
     inflight_requests: AtomicU64,
     inflight_tokens: AtomicU64,
     waiting: AtomicU64,
+    prefill_tokens: AtomicU64,
     completed: AtomicU64,
     errors: AtomicU64,
     cancelled: AtomicU64,
@@ -30,6 +31,9 @@ pub struct LoadSnapshot {
     pub inflight_tokens: u64,
     /// In the prefill phase: dispatched, no first token yet.
     pub waiting: u64,
+    /// Uncached prompt tokens of the waiting requests (estimated at dispatch): prefill work
+    /// queued on the instance.
+    pub prefill_tokens: u64,
     pub completed: u64,
     pub errors: u64,
     /// Requests whose client left before the response was complete.
@@ -42,6 +46,7 @@ impl InstanceLoad {
             inflight_requests: self.inflight_requests.load(Relaxed),
             inflight_tokens: self.inflight_tokens.load(Relaxed),
             waiting: self.waiting.load(Relaxed),
+            prefill_tokens: self.prefill_tokens.load(Relaxed),
             completed: self.completed.load(Relaxed),
             errors: self.errors.load(Relaxed),
             cancelled: self.cancelled.load(Relaxed),
@@ -61,20 +66,24 @@ pub use tokengate_plugins::Outcome;
 pub struct LoadGuard<I: HasLoad> {
     inst: Arc<I>,
     tokens: u64,
+    prefill_tokens: u64,
     waiting: bool,
     outcome: Option<Outcome>,
 }
 
 impl<I: HasLoad> LoadGuard<I> {
-    /// Counts a request of `tokens` expected tokens as dispatched to `inst`.
-    pub fn acquire(inst: Arc<I>, tokens: u64) -> Self {
+    /// Counts a request of `tokens` expected tokens, `prefill_tokens` of which are uncached
+    /// prompt tokens the instance will have to prefill, as dispatched to `inst`.
+    pub fn acquire(inst: Arc<I>, tokens: u64, prefill_tokens: u64) -> Self {
         let l = inst.load();
         l.inflight_requests.fetch_add(1, Relaxed);
         l.inflight_tokens.fetch_add(tokens, Relaxed);
         l.waiting.fetch_add(1, Relaxed);
+        l.prefill_tokens.fetch_add(prefill_tokens, Relaxed);
         LoadGuard {
             inst,
             tokens,
+            prefill_tokens,
             waiting: true,
             outcome: None,
         }
@@ -87,7 +96,9 @@ impl<I: HasLoad> LoadGuard<I> {
     /// The first token arrived: the prefill phase is over (no longer waiting). Idempotent.
     pub fn first_token(&mut self) {
         if std::mem::take(&mut self.waiting) {
-            self.inst.load().waiting.fetch_sub(1, Relaxed);
+            let l = self.inst.load();
+            l.waiting.fetch_sub(1, Relaxed);
+            l.prefill_tokens.fetch_sub(self.prefill_tokens, Relaxed);
         }
     }
 
@@ -112,6 +123,7 @@ impl<I: HasLoad> Drop for LoadGuard<I> {
         let l = self.inst.load();
         if self.waiting {
             l.waiting.fetch_sub(1, Relaxed);
+            l.prefill_tokens.fetch_sub(self.prefill_tokens, Relaxed);
         }
         l.inflight_requests.fetch_sub(1, Relaxed);
         l.inflight_tokens.fetch_sub(self.tokens, Relaxed);
@@ -139,18 +151,24 @@ mod tests {
     #[test]
     fn every_path_returns_to_zero_exactly_once() {
         let i = Arc::new(I::default());
-        let mut a = LoadGuard::acquire(i.clone(), 100);
-        let b = LoadGuard::acquire(i.clone(), 50);
-        let c = LoadGuard::acquire(i.clone(), 7);
-        let d = LoadGuard::acquire(i.clone(), 1);
+        let mut a = LoadGuard::acquire(i.clone(), 100, 80);
+        let b = LoadGuard::acquire(i.clone(), 50, 40);
+        let c = LoadGuard::acquire(i.clone(), 7, 7);
+        let d = LoadGuard::acquire(i.clone(), 1, 0);
         let s = i.0.snapshot();
         assert_eq!(
-            (s.inflight_requests, s.inflight_tokens, s.waiting),
-            (4, 158, 4)
+            (
+                s.inflight_requests,
+                s.inflight_tokens,
+                s.waiting,
+                s.prefill_tokens
+            ),
+            (4, 158, 4, 127)
         );
         a.first_token();
         a.first_token();
         assert_eq!(i.0.snapshot().waiting, 3);
+        assert_eq!(i.0.snapshot().prefill_tokens, 47);
         a.finish(Outcome::Completed);
         b.finish(Outcome::Failed);
         drop(c); // abandoned
@@ -162,6 +180,7 @@ mod tests {
                 inflight_requests: 0,
                 inflight_tokens: 0,
                 waiting: 0,
+                prefill_tokens: 0,
                 completed: 1,
                 errors: 2,
                 cancelled: 1,

@@ -23,6 +23,11 @@ pub struct Metrics {
     pub inflight_requests: IntGaugeVec,
     pub inflight_tokens: IntGaugeVec,
     pub waiting: IntGaugeVec,
+    /// Uncached prompt tokens of the requests in their prefill phase, per instance.
+    pub queued_prefill_tokens: IntGaugeVec,
+    /// What the predicted-TTFT model learned per instance.
+    pub learned_prefill_tps: prometheus::GaugeVec,
+    pub learned_decode_step: prometheus::GaugeVec,
     pub decisions: IntCounterVec,
     /// Per service: estimated prompt tokens, the best match over all instances (ceiling) and
     /// the match on the chosen instance (predicted).
@@ -33,6 +38,8 @@ pub struct Metrics {
     pub index_nodes: IntGaugeVec,
     pub index_bytes: IntGaugeVec,
     pub index_evicted_bytes: IntGaugeVec,
+    /// Blocks removed from the index by the engines' cached-token reports.
+    pub index_trimmed_blocks: IntGaugeVec,
     pub sessions: IntGaugeVec,
     pub decision_total: IntCounterVec,
     pub decision_latency: HistogramVec,
@@ -101,6 +108,38 @@ impl Metrics {
                 "Requests dispatched to an instance that have no first byte yet",
             ),
             &["instance"],
+        )
+        .expect("metric");
+        let queued_prefill_tokens = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_queued_prefill_tokens",
+                "Uncached prompt tokens of the requests dispatched to an instance that have no first token yet (prefill work queued there by this gateway)",
+            ),
+            &["instance"],
+        )
+        .expect("metric");
+        let learned_prefill_tps = prometheus::GaugeVec::new(
+            Opts::new(
+                "tokengate_learned_prefill_tokens_per_second",
+                "Prefill rate of an instance as the predicted-TTFT model learned it from completed streams",
+            ),
+            &["instance"],
+        )
+        .expect("metric");
+        let learned_decode_step = prometheus::GaugeVec::new(
+            Opts::new(
+                "tokengate_learned_decode_step_seconds",
+                "Time per output token of an instance as the predicted-TTFT model learned it",
+            ),
+            &["instance"],
+        )
+        .expect("metric");
+        let index_trimmed_blocks = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_prefix_index_trimmed_blocks",
+                "Blocks removed from a service's prefix index because an engine reported fewer cached tokens than the index predicted (its cache evicted them), since start",
+            ),
+            &["service"],
         )
         .expect("metric");
         let decisions = IntCounterVec::new(
@@ -219,6 +258,10 @@ impl Metrics {
             Box::new(inflight_requests.clone()),
             Box::new(inflight_tokens.clone()),
             Box::new(waiting.clone()),
+            Box::new(queued_prefill_tokens.clone()),
+            Box::new(learned_prefill_tps.clone()),
+            Box::new(learned_decode_step.clone()),
+            Box::new(index_trimmed_blocks.clone()),
             Box::new(decisions.clone()),
             Box::new(prefix_tokens.clone()),
             Box::new(engine_tokens.clone()),
@@ -245,6 +288,10 @@ impl Metrics {
             inflight_requests,
             inflight_tokens,
             waiting,
+            queued_prefill_tokens,
+            learned_prefill_tps,
+            learned_decode_step,
+            index_trimmed_blocks,
             decisions,
             prefix_tokens,
             engine_tokens,

@@ -4,7 +4,7 @@
 //! | config | pipeline |
 //! |---|---|
 //! | no `scheduler` | `Available → NotTried →` [`FirstHit`] with no stage (load balancing) |
-//! | `mode: layered` | `Available → NotTried →` [`FirstHit`]: [`AffinityStage`] → [`PrefixStage`] → balancing |
+//! | `mode: layered` | `Available → NotTried →` [`FirstHit`]: [`AffinityStage`] → [`PrefixStage`] → balancing (by default `predicted-ttft`, with the prefix layer on and comparing predicted TTFTs) |
 //! | `mode: policy` (service) | `Available → NotTried →` [`WeightedSum`] of the plugins' scorers |
 //! | `route_by: policy` | the same over every target's instances, with `DecisionTarget` first when a `decision-service` plugin is listed |
 //!
@@ -13,15 +13,28 @@
 //! [`scorer_of`]. Nothing else matches on plugin kinds.
 
 use crate::api::{Api, RequestInfo};
-use crate::config::{KeySource, PluginSettings, PolicySettings, SchedulerConfig, ServiceConfig};
+use crate::config::{
+    KeySource, PluginSettings, PolicySettings, SchedulerConfig, ServiceConfig,
+    DEFAULT_COST_MIN_HIT, DEFAULT_TTFT_SLACK, DEFAULT_TTFT_TOLERANCE,
+};
 use log::info;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 use tokengate_plugins::{
-    AffinityStage, Available, DecisionTarget, FirstHit, LeastInflightScorer, LeastTokenScorer,
-    Needs, NotTried, Pipeline, PrefixLayerConfig, PrefixScorer, PrefixStage, Scorer,
+    AffinityStage, Available, CostModel, CostTolerance, DecisionTarget, Eligibility, Escape,
+    FirstHit, LbPolicy, LeastInflightScorer, LeastTokenScorer, Needs, NotTried, Pipeline,
+    PredictedTtftScorer, PrefixLayerConfig, PrefixScorer, PrefixStage, Scorer,
     SessionAffinityScorer, SessionConfig, SessionKey, SessionTable, WeightedSum,
 };
+
+/// The tolerance of a predicted-TTFT rule, from optional settings.
+fn tolerance(t: Option<f64>, slack: Option<Duration>) -> CostTolerance {
+    CostTolerance {
+        tolerance: t.unwrap_or(DEFAULT_TTFT_TOLERANCE),
+        slack_ms: slack.unwrap_or(DEFAULT_TTFT_SLACK).as_secs_f64() * 1000.0,
+    }
+}
 
 /// A pipeline plus what it needs from a request: the session key sources and the session
 /// table it binds (when it has a session stage or scorer), and its request counter.
@@ -160,19 +173,24 @@ pub fn service(
     si: usize,
     s: &ServiceConfig,
     prev: Option<&Scheduler>,
+    cost: &Arc<CostModel>,
     now_ms: u64,
 ) -> Result<Scheduler, String> {
     let who = format!("service {}", s.name);
-    let lb = s.load_balancing;
     Ok(match &s.scheduler {
-        None => Scheduler::new(
-            base(FirstHit::balance(lb)),
-            Vec::new(),
-            None,
-            format!("balance({lb})"),
-        ),
+        None => {
+            let lb = s.load_balancing.unwrap_or(LbPolicy::LeastToken);
+            Scheduler::new(
+                base(FirstHit::balance(lb).with_cost(cost.clone())),
+                Vec::new(),
+                None,
+                format!("balance({lb})"),
+            )
+        }
         Some(SchedulerConfig::Layered { affinity, prefix }) => {
-            let mut fh = FirstHit::balance(lb);
+            // The layered default balances by predicted TTFT.
+            let lb = s.load_balancing.unwrap_or(LbPolicy::PredictedTtft);
+            let mut fh = FirstHit::balance(lb).with_cost(cost.clone());
             let mut sources = Vec::new();
             let mut sessions = None;
             if let Some(a) = affinity {
@@ -186,11 +204,11 @@ pub fn service(
                     prev,
                     now_ms,
                 );
-                fh = fh.then(AffinityStage::new(
-                    a.mode,
-                    a.soft_max_load_ratio,
-                    table.clone(),
-                ));
+                let escape = match a.soft_max_load_ratio {
+                    Some(r) => Escape::Load(r),
+                    None => Escape::Cost(tolerance(a.ttft_tolerance, a.ttft_slack)),
+                };
+                fh = fh.then(AffinityStage::new(a.mode, escape, table.clone()));
                 sources = a
                     .headers
                     .iter()
@@ -198,11 +216,21 @@ pub fn service(
                     .collect();
                 sessions = Some(table);
             }
-            if let Some(p) = prefix {
+            if prefix.enabled {
+                let p = prefix;
+                let (eligibility, min_hit) = if p.fixed_limits() {
+                    let e = Eligibility::Load {
+                        load_tolerance: p.load_tolerance.unwrap_or(0.3),
+                        waiting_threshold: p.waiting_threshold.unwrap_or(2),
+                    };
+                    (e, 0.5)
+                } else {
+                    let e = Eligibility::Cost(tolerance(p.ttft_tolerance, p.ttft_slack));
+                    (e, DEFAULT_COST_MIN_HIT)
+                };
                 fh = fh.then(PrefixStage(PrefixLayerConfig {
-                    min_hit_ratio: p.min_hit_ratio,
-                    load_tolerance: p.load_tolerance,
-                    waiting_threshold: p.waiting_threshold,
+                    min_hit_ratio: p.min_hit_ratio.unwrap_or(min_hit),
+                    eligibility,
                 }));
             }
             let describe = format!("layered({})", fh.describe());
@@ -213,6 +241,7 @@ pub fn service(
             &format!("services[{si}].scheduler.plugins"),
             ps,
             prev,
+            cost,
             now_ms,
         )?,
     })
@@ -226,13 +255,14 @@ pub fn policy(
     path: &str,
     ps: &PolicySettings,
     prev: Option<&Scheduler>,
+    cost: &Arc<CostModel>,
     now_ms: u64,
 ) -> Result<Scheduler, String> {
     let mut sessions = None;
     let mut decision = false;
     let mut scorers: Vec<(Arc<dyn Scorer>, f64)> = Vec::new();
     for p in &ps.plugins {
-        let Some(sc) = scorer_of(p, || {
+        let Some(sc) = scorer_of(p, cost, || {
             sessions
                 .get_or_insert_with(|| {
                     sessions_for(
@@ -279,6 +309,7 @@ pub fn policy(
 /// gives the scheduler's session table (created on first use).
 fn scorer_of(
     p: &PluginSettings,
+    cost: &Arc<CostModel>,
     sessions: impl FnOnce() -> Arc<SessionTable>,
 ) -> Option<Arc<dyn Scorer>> {
     Some(match p {
@@ -287,6 +318,7 @@ fn scorer_of(
         PluginSettings::LeastToken { token_scale, .. } => Arc::new(LeastTokenScorer {
             token_scale: *token_scale,
         }),
+        PluginSettings::PredictedTtft { .. } => Arc::new(PredictedTtftScorer::new(cost.clone())),
         PluginSettings::PrefixCache { min_hit_ratio, .. } => Arc::new(PrefixScorer {
             min_hit_ratio: *min_hit_ratio,
         }),

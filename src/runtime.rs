@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokengate_plugins::{
-    Candidate, InstanceKey, PrefixIndex, PrefixIndexConfig, PrefixMatch, Role, WeightedTargets,
+    Candidate, CostConfig, CostModel, InstanceKey, PrefixIndex, PrefixIndexConfig, PrefixMatch,
+    Role, WeightedTargets,
 };
 
 /// One engine instance.
@@ -55,6 +56,8 @@ impl Instance {
             inflight_requests: s.inflight_requests,
             inflight_tokens: s.inflight_tokens,
             waiting: s.waiting,
+            prefill_tokens: s.prefill_tokens,
+            engine: None,
         }
     }
 }
@@ -179,6 +182,16 @@ impl Route {
     }
 }
 
+fn learned_tps(c: &CostModel, k: InstanceKey) -> Option<f64> {
+    let l = c.learned(k);
+    (l.prefill_samples > 0).then_some((l.prefill_tps * 10.0).round() / 10.0)
+}
+
+fn learned_step(c: &CostModel, k: InstanceKey) -> Option<f64> {
+    let l = c.learned(k);
+    (l.step_samples > 0).then_some((l.step_ms * 100.0).round() / 100.0)
+}
+
 /// What a request's `model` resolves to.
 #[derive(Debug, Clone)]
 pub enum Dest {
@@ -225,6 +238,9 @@ pub struct Runtime {
     pub health_check: crate::config::HealthCheckSettings,
     pub passive: crate::config::PassiveHealthSettings,
     pub maintenance_interval: std::time::Duration,
+    /// The predicted-TTFT model: what every instance's completed requests taught it (kept
+    /// across reloads).
+    pub cost: Arc<CostModel>,
 }
 
 impl Runtime {
@@ -240,6 +256,21 @@ impl Runtime {
     ) -> Result<Runtime, ConfigErrors> {
         let now = now_ms();
         let mut errs = Vec::new();
+        let cm = &cfg.cost_model;
+        let cost_cfg = CostConfig {
+            prior_prefill_tps: cm.prior_prefill_tokens_per_second,
+            prior_step_ms: cm.prior_decode_step.as_secs_f64() * 1000.0,
+            alpha: cm.learning_rate,
+            miss_penalty: cm.miss_penalty,
+            ..CostConfig::default()
+        };
+        let cost = match prev {
+            Some(p) => {
+                p.cost.set_config(cost_cfg);
+                p.cost.clone()
+            }
+            None => Arc::new(CostModel::new(cost_cfg)),
+        };
         let prev_inst = |id: &str, addr: SocketAddr| -> Option<Arc<Instance>> {
             prev?
                 .ordered
@@ -300,7 +331,7 @@ impl Runtime {
                 })),
             };
             let prev_sched = prev_svc.map(|p| &p.sched);
-            let sched = match pipelines::service(si, s, prev_sched, now) {
+            let sched = match pipelines::service(si, s, prev_sched, &cost, now) {
                 Ok(sc) => sc,
                 Err(e) => {
                     errs.push(e);
@@ -339,6 +370,7 @@ impl Runtime {
                         &format!("routes[{ri}].policy.plugins"),
                         ps,
                         prev_sched,
+                        &cost,
                         now,
                     ) {
                         Ok(s) => RouteMode::Policy(s),
@@ -430,6 +462,7 @@ impl Runtime {
             maintenance_interval: cfg.prefix_index.maintenance_interval,
             health_check: cfg.health_check.clone(),
             passive: cfg.passive_health.clone(),
+            cost,
         })
     }
 
@@ -482,11 +515,16 @@ impl Runtime {
                     "inflight_requests": l.inflight_requests,
                     "inflight_tokens": l.inflight_tokens,
                     "waiting": l.waiting,
+                    "queued_prefill_tokens": l.prefill_tokens,
                     "decoding": l.inflight_requests.saturating_sub(l.waiting),
                     "completed": l.completed,
                     "errors": l.errors,
                     "cancelled": l.cancelled,
                     "health": i.health.view(now),
+                    "learned": {
+                        "prefill_tokens_per_second": learned_tps(&self.cost, i.key),
+                        "decode_step_ms": learned_step(&self.cost, i.key),
+                    },
                 })
             })
             .collect();
@@ -514,6 +552,8 @@ impl Runtime {
                     "blocks": g.blocks,
                     "bytes": g.bytes,
                     "evicted_bytes": g.evicted_bytes,
+                    "trims": g.trims,
+                    "trimmed_blocks": g.trimmed_blocks,
                 })
             })
             .collect();

@@ -56,7 +56,7 @@ fn a_bad_config_names_every_error_by_path() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("services[0].load_balancing: unknown variant `fastest`, expected one of `least-token`, `least-request`, `round-robin`"),
+        err.contains("services[0].load_balancing: unknown variant `fastest`, expected one of `least-token`, `least-request`, `round-robin`, `predicted-ttft`"),
         "{err}"
     );
     std::fs::write(&p, "services: []\nlisten: [1.2.3.4:5]\nbogus: 1\n").unwrap();

@@ -5,6 +5,10 @@
 //!   are what an engine's batch is made of: one 30k-token prompt weighs more than ten chats.
 //! * `least-request`: the candidate with the fewest in-flight requests.
 //! * `round-robin`: each candidate in turn.
+//! * `predicted-ttft`: the candidate with the lowest predicted time to first token
+//!   ([`crate::cost`]: queued prefill work, this request's uncached tokens there, the learned
+//!   prefill rate); chosen by [`crate::layered::FirstHit`], which has the estimates. Without
+//!   estimates (this function alone) it balances like `least-token`.
 //!
 //! Ties are broken by a rotating offset (the caller's request counter), so an idle fleet
 //! is filled evenly instead of always starting at the first instance.
@@ -14,7 +18,7 @@ use std::fmt;
 use crate::candidate::Candidate;
 
 /// A load-balancing policy, as named in the YAML config (`least-token`, `least-request`,
-/// `round-robin`).
+/// `round-robin`, `predicted-ttft`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LbPolicy {
@@ -22,6 +26,7 @@ pub enum LbPolicy {
     LeastToken,
     LeastRequest,
     RoundRobin,
+    PredictedTtft,
 }
 
 impl LbPolicy {
@@ -31,6 +36,7 @@ impl LbPolicy {
             LbPolicy::LeastToken => "least-token",
             LbPolicy::LeastRequest => "least-request",
             LbPolicy::RoundRobin => "round-robin",
+            LbPolicy::PredictedTtft => "predicted-ttft",
         }
     }
 
@@ -38,7 +44,7 @@ impl LbPolicy {
     /// "is my instance overloaded" check).
     pub fn load_of(self, c: &Candidate) -> u64 {
         match self {
-            LbPolicy::LeastToken => c.inflight_tokens,
+            LbPolicy::LeastToken | LbPolicy::PredictedTtft => c.inflight_tokens,
             LbPolicy::LeastRequest | LbPolicy::RoundRobin => c.inflight_requests,
         }
     }
@@ -68,7 +74,7 @@ pub fn pick(policy: LbPolicy, cands: &[Candidate], turn: u64) -> Option<Pick> {
     let start = (turn % n as u64) as usize;
     let pos = match policy {
         LbPolicy::RoundRobin => start,
-        LbPolicy::LeastToken | LbPolicy::LeastRequest => {
+        LbPolicy::LeastToken | LbPolicy::LeastRequest | LbPolicy::PredictedTtft => {
             let mut best = start;
             let mut best_key = key(policy, &cands[start]);
             for step in 1..n {
@@ -91,7 +97,7 @@ pub fn pick(policy: LbPolicy, cands: &[Candidate], turn: u64) -> Option<Pick> {
 /// Primary figure, then the other one as a tie-breaker.
 fn key(policy: LbPolicy, c: &Candidate) -> (u64, u64) {
     match policy {
-        LbPolicy::LeastToken => (c.inflight_tokens, c.inflight_requests),
+        LbPolicy::LeastToken | LbPolicy::PredictedTtft => (c.inflight_tokens, c.inflight_requests),
         _ => (c.inflight_requests, c.inflight_tokens),
     }
 }
@@ -148,6 +154,7 @@ mod tests {
             LbPolicy::LeastToken,
             LbPolicy::LeastRequest,
             LbPolicy::RoundRobin,
+            LbPolicy::PredictedTtft,
         ] {
             let v: LbPolicy =
                 serde::de::Deserialize::deserialize(serde::de::value::StrDeserializer::<

@@ -29,7 +29,7 @@ impl Role {
 
 /// One instance as the scheduler sees it: an index into the caller's instance list and a
 /// snapshot of its state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {
     /// The caller's index of the instance.
     pub idx: usize,
@@ -46,6 +46,22 @@ pub struct Candidate {
     /// Dispatched requests that have not produced their first token yet (the prefill phase:
     /// queued in the engine or prefilling).
     pub waiting: u64,
+    /// Uncached prompt tokens of those waiting requests (as estimated when each was
+    /// dispatched): the prefill work queued on the instance by this gateway.
+    pub prefill_tokens: u64,
+    /// What the engine itself reports (its `/metrics`), when the gateway scrapes it.
+    pub engine: Option<EngineLoad>,
+}
+
+/// An engine's own load figures, scraped from its Prometheus metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineLoad {
+    /// Requests in its running batch.
+    pub running: u32,
+    /// Requests queued in the engine (from every gateway and client).
+    pub waiting: u32,
+    /// Fraction of its KV cache in use (0..1).
+    pub kv_usage: f64,
 }
 
 impl Default for Candidate {
@@ -59,6 +75,8 @@ impl Default for Candidate {
             inflight_requests: 0,
             inflight_tokens: 0,
             waiting: 0,
+            prefill_tokens: 0,
+            engine: None,
         }
     }
 }
@@ -87,12 +105,22 @@ pub struct RequestView<'a> {
     pub exclude: &'a [InstanceKey],
     /// Build the full per-candidate trace for [`crate::Decision::explain`] (debug logging).
     pub explain: bool,
+    /// The prompt's estimated length in tokens.
+    pub prompt_tokens: u64,
+    /// Tokens per prefix block (the index's block size).
+    pub block_tokens: u64,
 }
 
 impl RequestView<'_> {
     /// Matched leading blocks of `c` (0 without a prefix match).
     pub fn matched(&self, c: &Candidate) -> u32 {
         self.prefix.map_or(0, |m| m.matched(c.key))
+    }
+
+    /// The prompt tokens `c` would have to prefill: the prompt minus its cached prefix there.
+    pub fn uncached_tokens(&self, c: &Candidate) -> u64 {
+        self.prompt_tokens
+            .saturating_sub(u64::from(self.matched(c)) * self.block_tokens)
     }
 
     /// Blocks in the prompt.
@@ -115,6 +143,8 @@ impl Needs {
     pub const PREFIX: Needs = Needs(2);
     /// The decision service's answer ([`RequestView::decision`]).
     pub const DECISION: Needs = Needs(4);
+    /// Engine metrics scraped from the instances ([`Candidate::engine`]).
+    pub const ENGINE: Needs = Needs(8);
 
     pub const fn union(self, o: Needs) -> Needs {
         Needs(self.0 | o.0)
@@ -131,6 +161,7 @@ impl Needs {
             (Needs::SESSION, "session"),
             (Needs::PREFIX, "prefix"),
             (Needs::DECISION, "decision"),
+            (Needs::ENGINE, "engine"),
         ] {
             if self.contains(n) {
                 v.push(s);

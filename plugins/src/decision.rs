@@ -57,6 +57,8 @@ pub struct LayeredRow {
     pub matched: u32,
     /// Passed every layer's eligibility test (e.g. the prefix layer's load / waiting limits).
     pub eligible: bool,
+    /// Its predicted TTFT, when the layers used one.
+    pub est: Option<crate::cost::Estimate>,
 }
 
 /// The layered picker's inputs, for [`Decision::explain`].
@@ -65,6 +67,8 @@ pub struct LayeredTrace {
     /// The load figure the layers compare (and the final balancing policy).
     pub policy: LbPolicy,
     pub avg_load: f64,
+    /// The lowest predicted TTFT, ms, when the layers used predictions.
+    pub min_est: Option<f64>,
     /// One line per layer that ran and has something to say (its formula and limits).
     pub notes: Vec<String>,
     /// The lower layer's own reason when a layer that heads the reason (affinity escaped or
@@ -153,6 +157,9 @@ impl Decision {
                     let _ = write!(s, " then={f}");
                 }
                 let _ = write!(s, " | load={} avg={:.1}", t.policy, t.avg_load);
+                if let Some(m) = t.min_est {
+                    let _ = write!(s, " best_est={m:.0}ms");
+                }
                 for n in &t.notes {
                     let _ = write!(s, " {n}");
                 }
@@ -165,15 +172,21 @@ impl Decision {
                     };
                     let _ = write!(
                         s,
-                        " {}{}:load={},wait={},match={}({:.2}){}",
+                        " {}{}:load={},wait={},match={}({:.2})",
                         if r.idx == self.idx { "*" } else { "" },
                         name(r.idx),
                         r.load,
                         r.waiting,
                         r.matched,
                         ratio,
-                        if r.eligible { "" } else { ",ineligible" }
                     );
+                    if let Some(e) = &r.est {
+                        s.push(',');
+                        e.describe(&mut s);
+                    }
+                    if !r.eligible {
+                        s.push_str(",ineligible");
+                    }
                 }
             }
             Trace::Policy(t) => {

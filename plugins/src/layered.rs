@@ -30,10 +30,11 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use rand::RngCore;
+use rand::{Rng, RngCore};
 
 use crate::balance::{self, LbPolicy};
 use crate::candidate::{Candidate, Needs, RequestView};
+use crate::cost::{CostModel, Estimate};
 use crate::decision::{AffinityOutcome, Decision, Layer, LayeredRow, LayeredTrace, Trace};
 use crate::pipeline::{Completion, Outcome, Picker};
 use crate::session::SessionTable;
@@ -43,6 +44,12 @@ use crate::session::SessionTable;
 pub struct LayerCtx<'r, 'a> {
     pub req: &'r RequestView<'a>,
     pub cands: &'r [Candidate],
+    /// Predicted TTFT per candidate (empty unless a stage or the balancer uses it).
+    pub est: &'r [Estimate],
+    /// The lowest of `est` (infinite when empty).
+    pub min_est: f64,
+    /// For random tie-breaks.
+    pub rng: &'r mut dyn RngCore,
     /// The balancing figure (in-flight tokens or requests).
     pub policy: LbPolicy,
     /// Per candidate: its load, its match, whether a stage found it ineligible.
@@ -55,6 +62,35 @@ pub struct LayerCtx<'r, 'a> {
     pub headline: Option<Cow<'static, str>>,
     /// One line per stage that has something to explain (only when `req.explain`).
     pub notes: Vec<String>,
+}
+
+impl LayerCtx<'_, '_> {
+    /// Whether candidate `i`'s predicted TTFT is within `t` of the best one's.
+    pub fn cost_eligible(&self, i: usize, t: &CostTolerance) -> bool {
+        match self.est.get(i) {
+            Some(e) => e.ms <= self.min_est * (1.0 + t.tolerance) + t.slack_ms,
+            None => true,
+        }
+    }
+}
+
+/// How far above the best predicted TTFT a candidate may be and still be preferred for its
+/// cache (prefix layer) or its session (soft affinity): `est ≤ best × (1 + tolerance) +
+/// slack_ms`. The room is the value of keeping a prefix at its home: moving it costs a
+/// recomputation there and evicts something else.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostTolerance {
+    pub tolerance: f64,
+    pub slack_ms: f64,
+}
+
+impl Default for CostTolerance {
+    fn default() -> Self {
+        CostTolerance {
+            tolerance: 0.5,
+            slack_ms: 50.0,
+        }
+    }
 }
 
 /// One candidate's figures in a [`LayerCtx`].
@@ -83,6 +119,10 @@ pub trait Stage: Send + Sync {
     fn needs(&self) -> Needs {
         Needs::NONE
     }
+    /// Reads the predicted TTFT ([`LayerCtx::est`]).
+    fn uses_cost(&self) -> bool {
+        false
+    }
     fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit>;
     fn on_dispatch(&self, _req: &RequestView<'_>, _chosen: &Candidate) {}
     fn on_complete(&self, _req: &RequestView<'_>, _chosen: &Candidate, _done: &Completion) {}
@@ -92,15 +132,28 @@ pub trait Stage: Send + Sync {
 pub struct FirstHit {
     policy: LbPolicy,
     stages: Vec<Box<dyn Stage>>,
+    cost: Arc<CostModel>,
 }
 
 impl FirstHit {
-    /// Load balancing alone.
+    /// Load balancing alone (with a fresh cost model for `predicted-ttft`; the gateway shares
+    /// its own through [`FirstHit::with_cost`]).
     pub fn balance(policy: LbPolicy) -> Self {
         FirstHit {
             policy,
             stages: Vec::new(),
+            cost: Arc::new(CostModel::default()),
         }
+    }
+
+    /// Uses `model` for predicted TTFTs.
+    pub fn with_cost(mut self, model: Arc<CostModel>) -> Self {
+        self.cost = model;
+        self
+    }
+
+    fn uses_cost(&self) -> bool {
+        self.policy == LbPolicy::PredictedTtft || self.stages.iter().any(|s| s.uses_cost())
     }
 
     /// Adds a stage before the balancer (after the stages already added).
@@ -135,21 +188,27 @@ impl Picker for FirstHit {
     }
 
     fn needs(&self) -> Needs {
-        self.stages.iter().fold(Needs::NONE, |n, s| n | s.needs())
+        let n = self.stages.iter().fold(Needs::NONE, |n, s| n | s.needs());
+        // A predicted TTFT reads the prefix match (the uncached tokens).
+        if self.uses_cost() {
+            n | Needs::PREFIX
+        } else {
+            n
+        }
     }
 
     fn pick(
         &self,
         req: &RequestView<'_>,
         cands: &[Candidate],
-        _rng: &mut dyn RngCore,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
         let n = cands.len();
         if n == 0 {
             return None;
         }
         let policy = self.policy;
-        if self.stages.is_empty() && !req.explain {
+        if self.stages.is_empty() && !req.explain && policy != LbPolicy::PredictedTtft {
             // Plain load balancing (hot path): no layer figures to compute.
             let p = balance::pick(policy, cands, req.turn)?;
             return Some(Decision {
@@ -165,6 +224,7 @@ impl Picker for FirstHit {
                 trace: Trace::Layered(LayeredTrace {
                     policy,
                     avg_load: 0.0,
+                    min_est: None,
                     notes: Vec::new(),
                     fallback: None,
                     rows: Vec::new(),
@@ -189,9 +249,27 @@ impl Picker for FirstHit {
             };
         }
         let avg_load = rows.iter().map(|r| r.load as f64).sum::<f64>() / n as f64;
+        let mut est_small = [Estimate::default(); 32];
+        let mut est_big = Vec::new();
+        let est: &mut [Estimate] = if !self.uses_cost() {
+            &mut est_small[..0]
+        } else if n <= est_small.len() {
+            &mut est_small[..n]
+        } else {
+            est_big.resize(n, Estimate::default());
+            &mut est_big
+        };
+        if !est.is_empty() {
+            self.cost.estimate_all(req, cands, est);
+        }
+        let min_est = est.iter().map(|e| e.ms).fold(f64::INFINITY, f64::min);
+        let est: &[Estimate] = est;
         let mut cx = LayerCtx {
             req,
             cands,
+            est,
+            min_est,
+            rng,
             policy,
             rows,
             avg_load,
@@ -208,6 +286,22 @@ impl Picker for FirstHit {
         }
         let hit = match hit {
             Some(h) => h,
+            None if policy == LbPolicy::PredictedTtft => {
+                // The lowest predicted TTFT; exact ties at random.
+                let tol = 1e-9 * min_est.abs().max(1e-9);
+                let tied = est.iter().filter(|e| e.ms - min_est <= tol).count();
+                let k = if tied > 1 {
+                    cx.rng.gen_range(0..tied)
+                } else {
+                    0
+                };
+                let pos = (0..n).filter(|&i| est[i].ms - min_est <= tol).nth(k)?;
+                Hit {
+                    pos,
+                    layer: Layer::Balance,
+                    reason: Cow::Borrowed(policy.as_str()),
+                }
+            }
             None => {
                 let p = balance::pick(policy, cands, req.turn)?;
                 Hit {
@@ -229,6 +323,7 @@ impl Picker for FirstHit {
                     waiting: cands[i].waiting,
                     matched: cx.rows[i].matched,
                     eligible: !cx.rows[i].ineligible,
+                    est: est.get(i).copied(),
                 })
                 .collect()
         } else {
@@ -247,6 +342,7 @@ impl Picker for FirstHit {
             trace: Trace::Layered(LayeredTrace {
                 policy,
                 avg_load: cx.avg_load,
+                min_est: est.first().map(|_| min_est),
                 notes: cx.notes,
                 fallback,
                 rows,
@@ -286,20 +382,29 @@ impl AffinityMode {
     }
 }
 
+/// When soft affinity leaves the bound instance.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Escape {
+    /// Its load (the balancing figure) > average × this (`soft_max_load_ratio`, e.g. 1.5).
+    Load(f64),
+    /// Its predicted TTFT is not within this of the best candidate's.
+    Cost(CostTolerance),
+}
+
 /// Layer 1: session affinity. See the module documentation.
 #[derive(Debug)]
 pub struct AffinityStage {
     pub mode: AffinityMode,
-    /// Soft mode escapes when the bound load > average × this. Default 1.5.
-    pub soft_max_load_ratio: f64,
+    /// Soft mode's escape rule.
+    pub escape: Escape,
     sessions: Arc<SessionTable>,
 }
 
 impl AffinityStage {
-    pub fn new(mode: AffinityMode, soft_max_load_ratio: f64, sessions: Arc<SessionTable>) -> Self {
+    pub fn new(mode: AffinityMode, escape: Escape, sessions: Arc<SessionTable>) -> Self {
         AffinityStage {
             mode,
-            soft_max_load_ratio,
+            escape,
             sessions,
         }
     }
@@ -318,6 +423,10 @@ impl Stage for AffinityStage {
         Needs::SESSION
     }
 
+    fn uses_cost(&self) -> bool {
+        self.mode == AffinityMode::Soft && matches!(self.escape, Escape::Cost(_))
+    }
+
     fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
         let Some(s) = cx.req.session else {
             cx.affinity = AffinityOutcome::NoSession;
@@ -334,14 +443,27 @@ impl Stage for AffinityStage {
         };
         let ok = match self.mode {
             AffinityMode::Strict => true,
-            AffinityMode::Soft => {
-                let limit = cx.avg_load * self.soft_max_load_ratio;
-                if cx.req.explain {
-                    cx.notes
-                        .push(format!("soft: bound load <= avg*ratio={limit:.1}"));
+            AffinityMode::Soft => match self.escape {
+                Escape::Load(ratio) => {
+                    let limit = cx.avg_load * ratio;
+                    if cx.req.explain {
+                        cx.notes
+                            .push(format!("soft: bound load <= avg*ratio={limit:.1}"));
+                    }
+                    cx.rows[p].load as f64 <= limit
                 }
-                cx.rows[p].load as f64 <= limit
-            }
+                Escape::Cost(t) => {
+                    if cx.req.explain {
+                        cx.notes.push(format!(
+                            "soft: bound est <= best*(1+{})+{}ms={:.0}ms",
+                            t.tolerance,
+                            t.slack_ms,
+                            cx.min_est * (1.0 + t.tolerance) + t.slack_ms
+                        ));
+                    }
+                    cx.cost_eligible(p, &t)
+                }
+            },
         };
         if ok {
             cx.affinity = AffinityOutcome::Hit;
@@ -370,23 +492,36 @@ impl Stage for AffinityStage {
     }
 }
 
+/// Which candidates the prefix layer may prefer for their cache.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Eligibility {
+    /// load ≤ average × (1 + `load_tolerance`) and waiting ≤ `waiting_threshold` (the fixed
+    /// ratios of the original layered mode; defaults 0.3 and 2).
+    Load {
+        load_tolerance: f64,
+        waiting_threshold: u64,
+    },
+    /// Predicted TTFT within a tolerance of the best candidate's.
+    Cost(CostTolerance),
+}
+
 /// Layer 2 settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PrefixLayerConfig {
-    /// Below this hit ratio it is a miss. Default 0.50.
+    /// Below this hit ratio it is a miss. Default 0.50 with load eligibility, 0 with cost.
     pub min_hit_ratio: f64,
-    /// Eligible when load ≤ average × (1 + this). Default 0.3.
-    pub load_tolerance: f64,
-    /// Eligible when waiting ≤ this. Default 2.
-    pub waiting_threshold: u64,
+    pub eligibility: Eligibility,
 }
 
 impl Default for PrefixLayerConfig {
+    /// The original fixed ratios: min hit 0.5, load tolerance 0.3, waiting threshold 2.
     fn default() -> Self {
         PrefixLayerConfig {
             min_hit_ratio: 0.50,
-            load_tolerance: 0.3,
-            waiting_threshold: 2,
+            eligibility: Eligibility::Load {
+                load_tolerance: 0.3,
+                waiting_threshold: 2,
+            },
         }
     }
 }
@@ -404,23 +539,50 @@ impl Stage for PrefixStage {
         Needs::PREFIX
     }
 
+    fn uses_cost(&self) -> bool {
+        matches!(self.0.eligibility, Eligibility::Cost(_))
+    }
+
     fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
         let p = &self.0;
         let n = cx.cands.len();
-        let limit = cx.avg_load * (1.0 + p.load_tolerance);
         let prompt_blocks = cx.req.prompt_blocks();
-        if cx.req.explain {
-            let mut s = String::new();
-            let _ = write!(
-                s,
-                "prefix: eligible if load <= avg*(1+tol)={limit:.1} && waiting <= {}, hit if matched/{} >= {:.2}, longest match wins (tie: lower load)",
-                p.waiting_threshold, prompt_blocks, p.min_hit_ratio
-            );
-            cx.notes.push(s);
-        }
-        for (r, c) in cx.rows.iter_mut().zip(cx.cands) {
-            if !(r.load as f64 <= limit && c.waiting <= p.waiting_threshold) {
-                r.ineligible = true;
+        match p.eligibility {
+            Eligibility::Load {
+                load_tolerance,
+                waiting_threshold,
+            } => {
+                let limit = cx.avg_load * (1.0 + load_tolerance);
+                if cx.req.explain {
+                    let mut s = String::new();
+                    let _ = write!(
+                        s,
+                        "prefix: eligible if load <= avg*(1+tol)={limit:.1} && waiting <= {waiting_threshold}, hit if matched/{prompt_blocks} >= {:.2}, longest match wins (tie: lower load)",
+                        p.min_hit_ratio
+                    );
+                    cx.notes.push(s);
+                }
+                for (r, c) in cx.rows.iter_mut().zip(cx.cands) {
+                    if !(r.load as f64 <= limit && c.waiting <= waiting_threshold) {
+                        r.ineligible = true;
+                    }
+                }
+            }
+            Eligibility::Cost(t) => {
+                if cx.req.explain {
+                    cx.notes.push(format!(
+                        "prefix: eligible if est <= best*(1+{})+{}ms={:.0}ms, hit if matched/{prompt_blocks} >= {:.2}, longest match wins (tie: lower load)",
+                        t.tolerance,
+                        t.slack_ms,
+                        cx.min_est * (1.0 + t.tolerance) + t.slack_ms,
+                        p.min_hit_ratio
+                    ));
+                }
+                for i in 0..n {
+                    if !cx.cost_eligible(i, &t) {
+                        cx.rows[i].ineligible = true;
+                    }
+                }
             }
         }
         if prompt_blocks == 0 {
@@ -459,6 +621,7 @@ impl Stage for PrefixStage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::CostModel;
     use crate::hash::{InstanceKey, SessionKey};
     use crate::pipeline::Pipeline;
     use crate::prefix::{PrefixIndex, PrefixMatch};
@@ -491,7 +654,11 @@ mod tests {
             let sessions = Arc::new(SessionTable::default());
             let mut fh = FirstHit::balance(policy);
             if let Some(mode) = affinity {
-                fh = fh.then(AffinityStage::new(mode, 1.5, sessions.clone()));
+                fh = fh.then(AffinityStage::new(
+                    mode,
+                    Escape::Load(1.5),
+                    sessions.clone(),
+                ));
             }
             if prefix {
                 fh = fh.then(PrefixStage::default());
@@ -735,7 +902,7 @@ mod tests {
         let p = Pipeline::new(
             FirstHit::balance(LbPolicy::LeastRequest).then(AffinityStage::new(
                 AffinityMode::Strict,
-                1.5,
+                Escape::Load(1.5),
                 sessions.clone(),
             )),
         )
@@ -762,5 +929,143 @@ mod tests {
         cs[2].available = false;
         cs[3].available = false;
         assert!(p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).is_none());
+    }
+
+    fn cost_pipeline(model: &Arc<CostModel>, prefix: Option<CostTolerance>) -> Pipeline {
+        let mut fh = FirstHit::balance(LbPolicy::PredictedTtft).with_cost(model.clone());
+        if let Some(t) = prefix {
+            fh = fh.then(PrefixStage(PrefixLayerConfig {
+                min_hit_ratio: 0.0,
+                eligibility: Eligibility::Cost(t),
+            }));
+        }
+        Pipeline::new(fh)
+    }
+
+    fn with_queue(i: usize, prefill_tokens: u64) -> Candidate {
+        Candidate {
+            prefill_tokens,
+            ..cand(i, 0, 0, 0)
+        }
+    }
+
+    #[test]
+    fn predicted_ttft_balancing_picks_the_lowest_estimate_ties_at_random() {
+        let model = Arc::new(CostModel::new(crate::cost::CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 10.0,
+            ..Default::default()
+        }));
+        let p = cost_pipeline(&model, None);
+        assert_eq!(p.needs(), Needs::PREFIX);
+        let index = PrefixIndex::default();
+        let prompt: Vec<u64> = (0..32).collect(); // 512 tokens
+        let cs = [with_queue(0, 900), with_queue(1, 300), with_queue(2, 800)];
+        index.insert(&prompt, cs[2].key, 0); // 2 holds it: 800 + 0 beats 300 + 512
+        let m = index.match_prefix(&prompt, 0);
+        let r = RequestView {
+            blocks: &prompt,
+            prefix: Some(&m),
+            prompt_tokens: 512,
+            block_tokens: 16,
+            explain: true,
+            ..Default::default()
+        };
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        assert_eq!((d.pos, d.reason.as_ref()), (2, "predicted-ttft"));
+        let e = d.explain();
+        assert!(e.contains("best_est=810ms"), "{e}");
+        assert!(
+            e.contains("*#2:load=0,wait=0,match=32(1.00),est=810ms(q=800+own=0+dec=10"),
+            "{e}"
+        );
+        // Equal estimates: every candidate is chosen sometimes.
+        let idle = [with_queue(0, 0), with_queue(1, 0), with_queue(2, 0)];
+        let r0 = RequestView {
+            prompt_tokens: 512,
+            block_tokens: 16,
+            ..Default::default()
+        };
+        let mut seen = [0; 3];
+        for seed in 0..60 {
+            let d = p
+                .pick(&r0, &idle, &mut StdRng::seed_from_u64(seed))
+                .unwrap();
+            seen[d.pos] += 1;
+        }
+        assert!(seen.iter().all(|&x| x > 5), "{seen:?}");
+    }
+
+    #[test]
+    fn the_cost_prefix_layer_keeps_a_prefix_home_within_the_tolerance() {
+        let model = Arc::new(CostModel::new(crate::cost::CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 0.0,
+            ..Default::default()
+        }));
+        let t = CostTolerance {
+            tolerance: 0.5,
+            slack_ms: 0.0,
+        };
+        let p = cost_pipeline(&model, Some(t));
+        let index = PrefixIndex::default();
+        let prompt: Vec<u64> = (0..64).collect(); // 1024 tokens
+        let holder = cand(0, 0, 0, 0);
+        index.insert(&prompt, holder.key, 0);
+        let m = index.match_prefix(&prompt, 0);
+        let r = RequestView {
+            blocks: &prompt,
+            prefix: Some(&m),
+            prompt_tokens: 1024,
+            block_tokens: 16,
+            ..Default::default()
+        };
+        // The holder has 1,200 tokens queued (est 1.2 s); an idle other instance would need
+        // 1.024 s: pure cost would move the prefix, the tolerance (≤ 1.54 s) keeps it home.
+        let cs = [with_queue(0, 1200), with_queue(1, 0)];
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        assert_eq!((d.pos, d.reason.as_ref()), (0, "prefix(1.00)"));
+        // A long queue (2 s > 1.54 s) does move it.
+        let cs = [with_queue(0, 2000), with_queue(1, 0)];
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        assert_eq!((d.pos, d.reason.as_ref()), (1, "predicted-ttft"));
+    }
+
+    #[test]
+    fn soft_affinity_can_escape_by_cost() {
+        let model = Arc::new(CostModel::new(crate::cost::CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 0.0,
+            ..Default::default()
+        }));
+        let sessions = Arc::new(SessionTable::default());
+        let t = CostTolerance {
+            tolerance: 0.0,
+            slack_ms: 100.0,
+        };
+        let p = Pipeline::new(
+            FirstHit::balance(LbPolicy::PredictedTtft)
+                .with_cost(model)
+                .then(AffinityStage::new(
+                    AffinityMode::Soft,
+                    Escape::Cost(t),
+                    sessions.clone(),
+                )),
+        );
+        let s = SessionKey::of("s");
+        let cs = [with_queue(0, 50), with_queue(1, 0)];
+        sessions.bind(s, cs[0].key, 0);
+        let r = RequestView {
+            session: Some(s),
+            prompt_tokens: 100,
+            block_tokens: 16,
+            ..Default::default()
+        };
+        // 150 ms vs 100 ms: within the 100 ms slack, the session stays.
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        assert_eq!((d.pos, d.reason.as_ref()), (0, "affinity"));
+        let cs = [with_queue(0, 500), with_queue(1, 0)];
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        assert_eq!((d.pos, d.reason.as_ref()), (1, "affinity-escape"));
     }
 }

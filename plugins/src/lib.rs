@@ -9,7 +9,8 @@
 //! * [`pipeline`] — the [`Filter`] and [`Picker`] traits and the [`Pipeline`] that runs them.
 //! * [`filter`] — availability, tried instances, the decision service's target, a role.
 //! * [`layered`] — layered mode: first-hit stages (affinity → prefix) then load balancing.
-//! * [`balance`] — least-token / least-request / round-robin (the last layer of every pick).
+//! * [`balance`] — least-token / least-request / round-robin / predicted-ttft (the last layer).
+//! * [`cost`] — the predicted time to first token and the rates it learns.
 //! * [`policy`] — policy mode: Σ weight × normalised score of [`scorer`]s.
 //! * [`scorer`] — the [`Scorer`] trait and the built-in scorers.
 //! * [`pair`] — a prefill + decode pair from two pipelines.
@@ -21,6 +22,7 @@
 
 pub mod balance;
 pub mod candidate;
+pub mod cost;
 pub mod decision;
 pub mod filter;
 pub mod hash;
@@ -34,18 +36,23 @@ pub mod scorer;
 pub mod session;
 
 pub use balance::{pick, LbPolicy, Pick};
-pub use candidate::{Candidate, Needs, RequestView, Role};
+pub use candidate::{Candidate, EngineLoad, Needs, RequestView, Role};
+pub use cost::{CostConfig, CostModel, Estimate, Learned, Observation};
 pub use decision::{AffinityOutcome, Decision, Dropped, Layer, Trace};
 pub use filter::{Available, DecisionTarget, NotTried, RoleIs};
 pub use hash::{block_hashes, block_hashes_into, InstanceKey, SessionKey};
-pub use layered::{AffinityMode, AffinityStage, FirstHit, PrefixLayerConfig, PrefixStage, Stage};
+pub use layered::{
+    AffinityMode, AffinityStage, CostTolerance, Eligibility, Escape, FirstHit, PrefixLayerConfig,
+    PrefixStage, Stage,
+};
 pub use pair::PairPicker;
 pub use pipeline::{Completion, Filter, Outcome, Picker, Pipeline};
 pub use policy::{PolicyError, WeightedSum};
 pub use prefix::{IndexGauges, PrefixIndex, PrefixIndexConfig, PrefixMatch};
 pub use route::WeightedTargets;
 pub use scorer::{
-    LeastInflightScorer, LeastTokenScorer, PrefixScorer, Scorer, SessionAffinityScorer,
+    LeastInflightScorer, LeastTokenScorer, PredictedTtftScorer, PrefixScorer, Scorer,
+    SessionAffinityScorer,
 };
 pub use session::{SessionConfig, SessionGauges, SessionTable};
 

@@ -129,6 +129,10 @@ pub struct IndexGauges {
     pub evicted_bytes: u64,
     /// Nodes removed by TTL sweeps and instance removal since creation.
     pub expired_nodes: u64,
+    /// Corrections from the engines' reports ([`PrefixIndex::trim`]) since creation.
+    pub trims: u64,
+    /// Blocks an instance was removed from by those corrections.
+    pub trimmed_blocks: u64,
 }
 
 struct Holder {
@@ -206,6 +210,8 @@ struct Counters {
     evicted_nodes: AtomicU64,
     evicted_bytes: AtomicU64,
     expired_nodes: AtomicU64,
+    trims: AtomicU64,
+    trimmed_blocks: AtomicU64,
 }
 
 impl Counters {
@@ -493,6 +499,93 @@ impl PrefixIndex {
         removed
     }
 
+    /// Corrects the index from what an engine reported: `key` held only the first `keep`
+    /// blocks of the prompt `hashes` (its `cached_tokens`), so whatever the index lists for
+    /// `key` below that depth on this path was evicted by the engine: `key` is removed from
+    /// the path's node at depth `keep` and its whole subtree (other prompts' tails that branch
+    /// off deeper cannot be cached without the blocks they extend). An edge that crosses
+    /// `keep` is split there. Returns the blocks `key` was removed from.
+    ///
+    /// The engine has just recomputed the prompt, so a caller that trims after a completed
+    /// request inserts the prompt again afterwards.
+    pub fn trim(&self, hashes: &[u64], key: InstanceKey, keep: usize) -> u64 {
+        if keep >= hashes.len() {
+            return 0;
+        }
+        let Some(&first) = hashes.first() else {
+            return 0;
+        };
+        let mut root = self.shard(first).write();
+        let mut node: &mut Node = &mut root;
+        let mut pos = 0;
+        // Walk down to the node whose edge starts at depth `keep` (splitting one that crosses
+        // it), as long as `key` holds the path.
+        while pos < keep {
+            let Some(child) = node.children.get_mut(&hashes[pos]) else {
+                return 0;
+            };
+            if child.holder(key).is_none() {
+                return 0;
+            }
+            let m = common_prefix(&child.hashes, &hashes[pos..]);
+            if keep < pos + child.hashes.len() {
+                if keep - pos > m {
+                    return 0; // the prompt leaves this edge before `keep`
+                }
+                self.split(child, keep - pos);
+            } else if m < child.hashes.len() {
+                return 0;
+            }
+            pos += child.hashes.len();
+            node = child;
+        }
+        // `node.children[hashes[keep]]` starts at depth `keep`: drop `key` from its subtree.
+        let Some(top) = node.children.get_mut(&hashes[pos]) else {
+            return 0;
+        };
+        if top.holder(key).is_none() {
+            return 0;
+        }
+        let mut blocks = 0u64;
+        let mut stack: Vec<&mut Node> = vec![top];
+        let mut top_empty = false;
+        let mut first_node = true;
+        while let Some(n) = stack.pop() {
+            if let Some(i) = n.holders.iter().position(|h| h.key == key) {
+                n.holders.swap_remove(i);
+                self.c.add(0, 0, -HOLDER_BYTES);
+                blocks += n.hashes.len() as u64;
+            }
+            if first_node {
+                top_empty = n.holders.is_empty();
+                first_node = false;
+            }
+            if n.holders.is_empty() {
+                continue; // removed with its subtree below
+            }
+            n.children.retain(|_, c| {
+                if c.holders.len() == 1 && c.holders[0].key == key {
+                    let t = Totals::of(c);
+                    blocks += t.blocks as u64;
+                    self.c.add(-t.nodes, -t.blocks, -t.bytes);
+                    false
+                } else {
+                    true
+                }
+            });
+            stack.extend(n.children.values_mut());
+        }
+        if top_empty {
+            if let Some(t) = node.children.remove(&hashes[pos]) {
+                let t = Totals::of(&t);
+                self.c.add(-t.nodes, -t.blocks, -t.bytes);
+            }
+        }
+        self.c.trims.fetch_add(1, Relaxed);
+        self.c.trimmed_blocks.fetch_add(blocks, Relaxed);
+        blocks
+    }
+
     /// Drops every entry of an instance (it left the service). Returns the nodes removed.
     pub fn remove_instance(&self, key: InstanceKey) -> u64 {
         let t = self.prune(|h| h.key != key, |_| true);
@@ -588,6 +681,8 @@ impl PrefixIndex {
             evicted_nodes: self.c.evicted_nodes.load(Relaxed),
             evicted_bytes: self.c.evicted_bytes.load(Relaxed),
             expired_nodes: self.c.expired_nodes.load(Relaxed),
+            trims: self.c.trims.load(Relaxed),
+            trimmed_blocks: self.c.trimmed_blocks.load(Relaxed),
         }
     }
 
@@ -862,5 +957,43 @@ mod tests {
         assert!(ix.gauges().nodes > 5000);
         check(&ix);
         drop(ix);
+    }
+
+    #[test]
+    fn trimming_removes_what_the_engine_evicted_below_the_reported_depth() {
+        let ix = idx();
+        // Instance 1 served a system prompt (0..8) with two different tails; instance 2 the
+        // first tail too.
+        let a: Vec<u64> = seq(0..8).into_iter().chain(seq(100..108)).collect();
+        let b: Vec<u64> = seq(0..8).into_iter().chain(seq(200..204)).collect();
+        ix.insert(&a, k(1), 0);
+        ix.insert(&b, k(1), 0);
+        ix.insert(&a, k(2), 0);
+        check(&ix);
+        assert_eq!(ix.match_prefix(&a, 0).matched(k(1)), 16);
+        // The engine behind instance 1 reports only 5 blocks of `a` cached: everything of
+        // instance 1 below depth 5 on that path (both tails) is gone.
+        let dropped = ix.trim(&a, k(1), 5);
+        check(&ix);
+        assert_eq!(dropped, 3 + 8 + 4);
+        assert_eq!(ix.match_prefix(&a, 0).matched(k(1)), 5);
+        assert_eq!(ix.match_prefix(&b, 0).matched(k(1)), 5);
+        // Instance 2 is untouched.
+        assert_eq!(ix.match_prefix(&a, 0).matched(k(2)), 16);
+        assert_eq!(ix.gauges().trims, 1);
+        // Re-inserting (the engine just recomputed `a`) restores it; trimming to 0 removes
+        // instance 1 from the whole family; nodes nobody holds are freed.
+        ix.insert(&a, k(1), 0);
+        assert_eq!(ix.match_prefix(&a, 0).matched(k(1)), 16);
+        ix.trim(&b, k(1), 0);
+        check(&ix);
+        assert_eq!(ix.match_prefix(&a, 0).matched(k(1)), 0);
+        assert_eq!(ix.match_prefix(&a, 0).matched(k(2)), 16);
+        ix.trim(&a, k(2), 0);
+        check(&ix);
+        assert_eq!(ix.gauges().nodes, 0, "{:?}", ix.gauges());
+        // Nothing to trim: deeper than the prompt, or a path the instance does not hold.
+        assert_eq!(ix.trim(&a, k(3), 2), 0);
+        assert_eq!(ix.trim(&a, k(1), 99), 0);
     }
 }

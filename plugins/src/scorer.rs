@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use crate::candidate::{Candidate, Needs, RequestView};
+use crate::cost::{CostModel, Estimate};
 use crate::hash::rendezvous;
 use crate::pipeline::{Completion, Outcome};
 use crate::session::SessionTable;
@@ -168,6 +169,36 @@ impl Scorer for PrefixScorer {
         for (o, c) in out.iter_mut().zip(cands) {
             let r = m.ratio(c.key);
             *o = if r >= self.min_hit_ratio { r } else { 0.0 };
+        }
+    }
+}
+
+/// Predicted time to first token ([`crate::cost`]): `best / est` — 1 for the candidate with
+/// the lowest prediction, less for slower ones (a candidate twice as slow scores 0.5).
+#[derive(Debug, Clone)]
+pub struct PredictedTtftScorer {
+    model: Arc<CostModel>,
+}
+
+impl PredictedTtftScorer {
+    pub fn new(model: Arc<CostModel>) -> Self {
+        PredictedTtftScorer { model }
+    }
+}
+
+impl Scorer for PredictedTtftScorer {
+    fn name(&self) -> &'static str {
+        "ttft"
+    }
+    fn needs(&self) -> Needs {
+        Needs::PREFIX
+    }
+    fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
+        let mut est = vec![Estimate::default(); cands.len()];
+        self.model.estimate_all(req, cands, &mut est);
+        let best = est.iter().map(|e| e.ms).fold(f64::INFINITY, f64::min);
+        for (o, e) in out.iter_mut().zip(&est) {
+            *o = if e.ms > 0.0 { best / e.ms } else { 1.0 };
         }
     }
 }

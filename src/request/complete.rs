@@ -62,6 +62,57 @@ pub fn attempt_failed(ctx: &mut Ctx, plan: &Plan, retried_status: Option<u16>) {
     leg.guard.finish(Outcome::Failed);
 }
 
+/// What a completed leg teaches the gateway's models: the cost model gets the leg's prefill
+/// work and time to first token (and its time per output token); the prefix index is
+/// corrected when the engine reported fewer cached tokens than the index predicted (the
+/// engine evicted the tail), then given the prompt again (the engine just computed it).
+fn learn(leg: &Leg, plan: &Plan, ctx: &Ctx, now: u64) {
+    let u = ctx.response.usage;
+    // What the engine really had to prefill, when it said.
+    let uncached = match (u.prompt, u.cached) {
+        (Some(p), Some(c)) => p.saturating_sub(c),
+        _ => leg.uncached_tokens,
+    };
+    if let (Some(at), Some(ttft)) = (leg.dispatched, ctx.response.ttft) {
+        let since_start = at.saturating_duration_since(ctx.start);
+        let ttft_leg = ttft.saturating_sub(since_start);
+        let tpot = match (plan.info.stream, u.completion) {
+            (true, Some(n)) if n > 1 => {
+                let decode = ctx.start.elapsed().saturating_sub(ttft);
+                Some(decode.as_secs_f64() * 1000.0 / (n - 1) as f64)
+            }
+            _ => None,
+        };
+        // Non-stream answers arrive whole: their "first token" is the last one, no prefill
+        // time can be read from them.
+        if plan.info.stream {
+            plan.runtime.cost.observe(
+                leg.instance.key,
+                &tokengate_plugins::Observation {
+                    queued_tokens: leg.queued_ahead,
+                    uncached_tokens: uncached,
+                    ttft_ms: ttft_leg.as_secs_f64() * 1000.0,
+                    tpot_ms: tpot,
+                },
+            );
+        }
+    }
+    // Self-correction: the engine's cached tokens in the index's blocks (scaled by the
+    // index's prompt size over the engine's, so tokenizers that count differently agree).
+    if let (Some(prompt), Some(cached)) = (u.prompt, u.cached) {
+        let blocks = plan.blocks.len() as u64;
+        if prompt > 0 && blocks > 0 {
+            let had = ((cached as f64) * (blocks as f64) / (prompt as f64)).round() as u64;
+            let predicted = u64::from(leg.prefix.matched);
+            if had + 1 < predicted {
+                let idx = &leg.service.index;
+                idx.trim(&plan.blocks, leg.instance.key, had as usize);
+                idx.insert(&plan.blocks, leg.instance.key, now);
+            }
+        }
+    }
+}
+
 /// Whether the instance is to blame: an upstream-side error, or a 5xx it answered.
 fn upstream_failed(e: Option<&Error>, upstream_status: Option<u16>) -> bool {
     e.is_some_and(|e| e.esource() == &pingora::ErrorSource::Upstream)
@@ -117,6 +168,9 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 cached_tokens: u.cached,
             };
             feedback(&leg, plan, &done, now);
+            if outcome == Outcome::Completed {
+                learn(&leg, plan, ctx, now);
+            }
             if dispatched {
                 // Refresh the prompt's last use (the index keeps whole seconds: a request that
                 // ended within the second of its dispatch, when the index inserted it, has

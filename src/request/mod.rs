@@ -98,6 +98,10 @@ pub struct Leg {
     /// One line with every candidate's numbers (built only when debug logging is on).
     pub explain: Option<String>,
     pub guard: LoadGuard<Instance>,
+    /// Prefill tokens queued on the instance (by this gateway) when the leg was picked.
+    pub queued_ahead: u64,
+    /// This request's uncached prompt tokens there, as the index predicted them.
+    pub uncached_tokens: u64,
     /// When the leg was sent (set by dispatch), and the same on the gateway's clock.
     pub dispatched: Option<Instant>,
     pub dispatched_ms: u64,

@@ -168,6 +168,8 @@ impl Ask<'_> {
             decision: plan.decision,
             exclude: self.tried,
             explain,
+            prompt_tokens: plan.info.prompt_tokens_est,
+            block_tokens: plan.runtime.block_tokens as u64,
         };
         let d = RNG.with(|r| sched.pipeline.pick(&view, cands, &mut *r.borrow_mut()))?;
         let explain = explain.then(|| format!("{} {}", sched.describe, d.explain_with(name)));
@@ -187,6 +189,14 @@ impl Ask<'_> {
         cand: Candidate,
         p: Picked,
     ) -> Leg {
+        // The prefill work this request brings to the instance: its prompt minus the prefix
+        // the index says the instance holds.
+        let bt = self.plan.runtime.block_tokens as u64;
+        let uncached = self
+            .plan
+            .info
+            .prompt_tokens_est
+            .saturating_sub(u64::from(p.d.matched_blocks) * bt);
         Leg {
             role: LegRole::Main,
             service: service.clone(),
@@ -201,7 +211,9 @@ impl Ask<'_> {
                 best: p.d.best_matched_blocks,
             },
             explain: p.explain,
-            guard: LoadGuard::acquire(inst.clone(), self.plan.info.expected_tokens()),
+            guard: LoadGuard::acquire(inst.clone(), self.plan.info.expected_tokens(), uncached),
+            queued_ahead: cand.prefill_tokens,
+            uncached_tokens: uncached,
             dispatched: None,
             dispatched_ms: 0,
         }

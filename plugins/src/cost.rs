@@ -1,0 +1,427 @@
+//! Predicted time to first token: what it would cost a request to go to each candidate.
+//!
+//! For candidate `i`:
+//!
+//! ```text
+//!   est_i = (Q_i + E_i + U_i) / R_i  +  P · U_i / R_i  +  D_i
+//! ```
+//!
+//! * `Q_i` — prefill work already queued there by this gateway: the uncached prompt tokens of
+//!   the requests dispatched to `i` that have no first token yet ([`Candidate::prefill_tokens`]).
+//! * `E_i` — work queued in the engine that this gateway did not send (when the gateway scrapes
+//!   the engines' metrics, [`Candidate::engine`]): `max(0, engine waiting − our waiting)` ×
+//!   the mean uncached tokens per request.
+//! * `U_i` — this request's uncached tokens there: its prompt minus the prefix `i` holds
+//!   ([`RequestView::uncached_tokens`]).
+//! * `R_i` — `i`'s prefill rate, tokens per second, learned online (an EWMA) from the requests
+//!   it served: each completed request's prefill work (what was queued ahead of it plus its own
+//!   uncached tokens, the latter as the engine reported them) over its observed prefill time
+//!   (dispatch → first token, minus one decode step). Before an instance has enough samples,
+//!   the mean rate of the instances that have, else the configured prior — so a new or
+//!   restarted instance is not starved by a pessimistic guess.
+//! * `D_i` — decode interference: one decode step of `i`'s running batch, learned the same way
+//!   from streams' time per output token. The first token waits for it.
+//! * `P` — `miss_penalty`: uncached tokens cost more than their own prefill time, because
+//!   computing them on an instance that does not hold the prefix also pushes other prefixes
+//!   out of its cache (0 = pure TTFT).
+//!
+//! The model is the gateway's (every dispatched request teaches it, whatever the scheduler);
+//! stages and scorers only read it. Pure: the caller passes the clock.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::RwLock;
+
+use crate::candidate::{Candidate, RequestView};
+use crate::hash::InstanceKey;
+
+/// Settings of the cost model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostConfig {
+    /// Prefill rate assumed before anything is learned (tokens/s). Default 8 000.
+    pub prior_prefill_tps: f64,
+    /// Decode step assumed before anything is learned (ms). Default 20.
+    pub prior_step_ms: f64,
+    /// Weight of a new observation in the moving averages (0..1]. Default 0.2.
+    pub alpha: f64,
+    /// Samples before an instance's own rate is trusted over the fleet's. Default 3.
+    pub min_samples: u32,
+    /// Extra cost of uncached tokens, as a fraction of their prefill time. Default 0.
+    pub miss_penalty: f64,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        CostConfig {
+            prior_prefill_tps: 8000.0,
+            prior_step_ms: 20.0,
+            alpha: 0.2,
+            min_samples: 3,
+            miss_penalty: 0.0,
+        }
+    }
+}
+
+/// What one instance taught the model so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Learned {
+    /// Prefill tokens per second (EWMA), 0 before the first sample.
+    pub prefill_tps: f64,
+    pub prefill_samples: u32,
+    /// One decode step, ms (EWMA), 0 before the first sample.
+    pub step_ms: f64,
+    pub step_samples: u32,
+}
+
+/// A completed request, as the cost model learns from it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observation {
+    /// Prefill tokens queued on the instance ahead of the request when it was dispatched.
+    pub queued_tokens: u64,
+    /// The request's own uncached prompt tokens (what the engine reported, when it did).
+    pub uncached_tokens: u64,
+    /// Dispatch → first token, ms.
+    pub ttft_ms: f64,
+    /// Time per output token after the first, ms (streams with several tokens).
+    pub tpot_ms: Option<f64>,
+}
+
+/// One candidate's estimate and its parts (for the explanation).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// The total, ms.
+    pub ms: f64,
+    /// Queued prefill ahead of it (ours + the engine's others), ms.
+    pub queue_ms: f64,
+    /// Its own uncached prefill (+ the miss penalty), ms.
+    pub own_ms: f64,
+    /// One decode step, ms.
+    pub decode_ms: f64,
+    /// The prefill rate used, tokens/s.
+    pub tps: f64,
+}
+
+impl Estimate {
+    /// `est=412ms(q=300+own=100+dec=12 @9.5k/s)`
+    pub fn describe(&self, out: &mut String) {
+        let _ = write!(
+            out,
+            "est={:.0}ms(q={:.0}+own={:.0}+dec={:.0} @{:.1}k/s)",
+            self.ms,
+            self.queue_ms,
+            self.own_ms,
+            self.decode_ms,
+            self.tps / 1000.0
+        );
+    }
+}
+
+/// The learned per-instance rates. See the module documentation.
+#[derive(Debug, Default)]
+pub struct CostModel {
+    cfg: RwLock<CostConfig>,
+    learned: RwLock<HashMap<InstanceKey, Learned>>,
+    /// Mean uncached tokens per request (EWMA over every observation), ×1000 fixed point:
+    /// the size of a request queued in an engine by someone else.
+    mean_uncached_milli: AtomicU64,
+}
+
+impl CostModel {
+    pub fn new(cfg: CostConfig) -> Self {
+        CostModel {
+            cfg: RwLock::new(cfg),
+            ..CostModel::default()
+        }
+    }
+
+    pub fn config(&self) -> CostConfig {
+        self.cfg.read().clone()
+    }
+
+    /// New settings (a config reload); what was learned stays.
+    pub fn set_config(&self, cfg: CostConfig) {
+        *self.cfg.write() = cfg;
+    }
+
+    /// What `key` taught the model so far.
+    pub fn learned(&self, key: InstanceKey) -> Learned {
+        self.learned.read().get(&key).copied().unwrap_or_default()
+    }
+
+    /// Forgets an instance (it left).
+    pub fn forget(&self, key: InstanceKey) {
+        self.learned.write().remove(&key);
+    }
+
+    /// Learns from a completed request on `key`.
+    pub fn observe(&self, key: InstanceKey, o: &Observation) {
+        let cfg = self.cfg.read().clone();
+        let a = cfg.alpha.clamp(0.01, 1.0);
+        let mut map = self.learned.write();
+        let l = map.entry(key).or_default();
+        if let Some(t) = o.tpot_ms.filter(|t| t.is_finite() && *t > 0.0) {
+            l.step_ms = if l.step_samples == 0 {
+                t
+            } else {
+                l.step_ms + a * (t - l.step_ms)
+            };
+            l.step_samples = l.step_samples.saturating_add(1);
+        }
+        // Prefill rate: only from requests with real prefill work (a cache hit's TTFT is one
+        // decode step, which says nothing about the prefill rate).
+        let work = (o.queued_tokens + o.uncached_tokens) as f64;
+        let step = if l.step_samples > 0 {
+            l.step_ms
+        } else {
+            cfg.prior_step_ms
+        };
+        let prefill_ms = (o.ttft_ms - step).max(o.ttft_ms * 0.5);
+        if work >= 64.0 && prefill_ms.is_finite() && prefill_ms > 0.0 {
+            let lo = cfg.prior_prefill_tps / 1000.0;
+            let hi = cfg.prior_prefill_tps * 1000.0;
+            let tps = (work * 1000.0 / prefill_ms).clamp(lo, hi);
+            l.prefill_tps = if l.prefill_samples == 0 {
+                tps
+            } else {
+                l.prefill_tps + a * (tps - l.prefill_tps)
+            };
+            l.prefill_samples = l.prefill_samples.saturating_add(1);
+        }
+        drop(map);
+        let prev = self.mean_uncached_milli.load(Relaxed) as f64 / 1000.0;
+        let next = if prev == 0.0 {
+            o.uncached_tokens as f64
+        } else {
+            prev + a * (o.uncached_tokens as f64 - prev)
+        };
+        self.mean_uncached_milli
+            .store((next * 1000.0) as u64, Relaxed);
+    }
+
+    /// Estimates every candidate for `req` into `out` (one slot per candidate).
+    pub fn estimate_all(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [Estimate]) {
+        let cfg = self.cfg.read();
+        let map = self.learned.read();
+        // The fleet's rate for instances without enough samples of their own.
+        let (mut sum, mut n) = (0.0, 0u32);
+        for c in cands {
+            if let Some(l) = map
+                .get(&c.key)
+                .filter(|l| l.prefill_samples >= cfg.min_samples)
+            {
+                sum += l.prefill_tps;
+                n += 1;
+            }
+        }
+        let fleet_tps = if n > 0 {
+            sum / f64::from(n)
+        } else {
+            cfg.prior_prefill_tps
+        };
+        let mean_uncached = self.mean_uncached_milli.load(Relaxed) as f64 / 1000.0;
+        for (e, c) in out.iter_mut().zip(cands) {
+            let l = map.get(&c.key).copied().unwrap_or_default();
+            let tps = if l.prefill_samples >= cfg.min_samples {
+                l.prefill_tps
+            } else {
+                fleet_tps
+            }
+            .max(1.0);
+            let step = if l.step_samples > 0 {
+                l.step_ms
+            } else {
+                cfg.prior_step_ms
+            };
+            let others = c
+                .engine
+                .map_or(0.0, |el| f64::from(el.waiting).max(0.0) - c.waiting as f64);
+            let queued = c.prefill_tokens as f64 + others.max(0.0) * mean_uncached;
+            let own = req.uncached_tokens(c) as f64;
+            let queue_ms = queued * 1000.0 / tps;
+            let own_ms = own * (1.0 + cfg.miss_penalty.max(0.0)) * 1000.0 / tps;
+            *e = Estimate {
+                ms: queue_ms + own_ms + step,
+                queue_ms,
+                own_ms,
+                decode_ms: step,
+                tps,
+            };
+        }
+    }
+
+    /// Every instance's learned figures (for `/admin`).
+    pub fn snapshot(&self) -> Vec<(InstanceKey, Learned)> {
+        let mut v: Vec<_> = self.learned.read().iter().map(|(k, l)| (*k, *l)).collect();
+        v.sort_by_key(|(k, _)| k.0);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(i: u64, queued: u64) -> Candidate {
+        Candidate {
+            idx: i as usize,
+            key: InstanceKey(i),
+            prefill_tokens: queued,
+            ..Default::default()
+        }
+    }
+
+    fn est(m: &CostModel, req: &RequestView<'_>, cs: &[Candidate]) -> Vec<Estimate> {
+        let mut out = vec![Estimate::default(); cs.len()];
+        m.estimate_all(req, cs, &mut out);
+        out
+    }
+
+    fn req(prompt_tokens: u64) -> RequestView<'static> {
+        RequestView {
+            prompt_tokens,
+            block_tokens: 16,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn known_queues_and_matches_give_the_expected_order() {
+        let m = CostModel::new(CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 10.0,
+            ..CostConfig::default()
+        });
+        let index = crate::prefix::PrefixIndex::default();
+        let blocks: Vec<u64> = (0..64).collect(); // 64 blocks of 16 = 1024 tokens
+        index.insert(&blocks, InstanceKey(0), 0); // 0 holds the whole prompt …
+        let cs = [cand(0, 3000), cand(1, 0), cand(2, 500)]; // … but has 3 s queued
+        let pm = index.match_prefix(&blocks, 0);
+        let r = RequestView {
+            prefix: Some(&pm),
+            blocks: &blocks,
+            ..req(1024)
+        };
+        let e = est(&m, &r, &cs);
+        // 0: 3000/1000 s + 0 + 10 ms; 1: 1024 ms + 10; 2: 500 + 1024 + 10.
+        assert_eq!(e[0].ms, 3010.0);
+        assert_eq!(e[1].ms, 1034.0);
+        assert_eq!(e[2].ms, 1534.0);
+        // With a short queue the holder wins.
+        let cs = [cand(0, 200), cand(1, 0), cand(2, 0)];
+        let e = est(&m, &r, &cs);
+        assert!(e[0].ms < e[1].ms && e[1].ms == e[2].ms, "{e:?}");
+        // A miss penalty makes the holder's lead larger.
+        m.set_config(CostConfig {
+            miss_penalty: 1.0,
+            ..m.config()
+        });
+        let e2 = est(&m, &r, &cs);
+        assert_eq!(e2[0].ms, e[0].ms);
+        assert_eq!(e2[1].ms, 10.0 + 2048.0);
+    }
+
+    #[test]
+    fn rates_are_learned_per_instance_and_new_instances_get_the_fleets() {
+        let m = CostModel::new(CostConfig {
+            prior_prefill_tps: 8000.0,
+            prior_step_ms: 10.0,
+            ..CostConfig::default()
+        });
+        // Instance 1 prefills 1000 tok/s: 500 queued + 500 own took 1 s + one 10 ms step.
+        for _ in 0..5 {
+            m.observe(
+                InstanceKey(1),
+                &Observation {
+                    queued_tokens: 500,
+                    uncached_tokens: 500,
+                    ttft_ms: 1010.0,
+                    tpot_ms: Some(10.0),
+                },
+            );
+        }
+        let l = m.learned(InstanceKey(1));
+        assert!((l.prefill_tps - 1000.0).abs() < 1.0, "{l:?}");
+        assert_eq!(l.step_ms, 10.0);
+        // A cache hit (little work) teaches nothing about the prefill rate.
+        m.observe(
+            InstanceKey(1),
+            &Observation {
+                queued_tokens: 0,
+                uncached_tokens: 16,
+                ttft_ms: 12.0,
+                tpot_ms: None,
+            },
+        );
+        assert_eq!(m.learned(InstanceKey(1)).prefill_samples, 5);
+        // Instance 2 has no history: it gets the fleet's learned 1000 tok/s, not the
+        // optimistic prior (and not a pessimistic one that would starve it).
+        let e = est(&m, &req(1000), &[cand(1, 0), cand(2, 0)]);
+        assert!((e[0].ms - e[1].ms).abs() < 1.0, "{e:?}");
+        assert!((e[1].tps - 1000.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn an_idle_restarted_instance_gets_traffic() {
+        let m = CostModel::new(CostConfig::default());
+        for k in 0..3 {
+            for _ in 0..3 {
+                m.observe(
+                    InstanceKey(k),
+                    &Observation {
+                        queued_tokens: 4000,
+                        uncached_tokens: 4000,
+                        ttft_ms: 1000.0,
+                        tpot_ms: Some(20.0),
+                    },
+                );
+            }
+        }
+        // Instance 3 restarted: empty cache, no history. Everyone else holds the prompt but
+        // has a queue; the idle one is cheapest.
+        let blocks: Vec<u64> = (0..32).collect();
+        let index = crate::prefix::PrefixIndex::default();
+        for k in 0..3 {
+            index.insert(&blocks, InstanceKey(k), 0);
+        }
+        let pm = index.match_prefix(&blocks, 0);
+        let r = RequestView {
+            prefix: Some(&pm),
+            blocks: &blocks,
+            ..req(512)
+        };
+        let cs = [cand(0, 6000), cand(1, 7000), cand(2, 9000), cand(3, 0)];
+        let e = est(&m, &r, &cs);
+        let best = (0..4).min_by(|&a, &b| e[a].ms.total_cmp(&e[b].ms)).unwrap();
+        assert_eq!(best, 3, "{e:?}");
+    }
+
+    #[test]
+    fn requests_the_engine_queued_for_others_count() {
+        let m = CostModel::new(CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 0.0,
+            ..CostConfig::default()
+        });
+        m.observe(
+            InstanceKey(9),
+            &Observation {
+                queued_tokens: 0,
+                uncached_tokens: 500,
+                ttft_ms: 500.0,
+                tpot_ms: None,
+            },
+        );
+        let mut busy = cand(0, 0);
+        busy.engine = Some(crate::candidate::EngineLoad {
+            running: 8,
+            waiting: 4,
+            kv_usage: 0.9,
+        });
+        let e = est(&m, &req(100), &[busy, cand(1, 0)]);
+        // 4 requests of ~500 uncached tokens queued by another gateway: +2 s.
+        assert!((e[0].queue_ms - 2000.0).abs() < 1.0, "{e:?}");
+        assert_eq!(e[1].queue_ms, 0.0);
+    }
+}

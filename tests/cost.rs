@@ -1,0 +1,79 @@
+//! Predicted-TTFT scheduling through the real binary (issue 12): the default layered
+//! scheduler weighs an instance's queued prefill work against the prefix it holds.
+
+mod common;
+
+use common::*;
+
+fn words(tag: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{tag}{i} ")).collect()
+}
+
+fn chat(system: &str, user: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({"model": "m", "stream": stream, "max_tokens": 2,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
+    // Two engines prefilling 400 tokens/s (real time): a 16 KB prompt takes ~10 s.
+    let mut fleet = Vec::new();
+    for i in 1..=2 {
+        fleet.push(
+            engine_sim::spawn_local(engine_sim::SimConfig {
+                id: format!("e{i}"),
+                model: "m".into(),
+                prefill_tps: 400.0,
+                time_scale: 1.0,
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    // The default layered scheduler: prefix layer comparing predicted TTFTs, balancing by
+    // predicted TTFT.
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    scheduler: {{mode: layered}}\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    let post = |body: serde_json::Value| {
+        let c = c.clone();
+        let url = gw.url("/v1/chat/completions");
+        async move { c.post(url).json(&body).send().await.unwrap() }
+    };
+    let header = |r: &reqwest::Response, k: &str| r.headers()[k].to_str().unwrap().to_string();
+    let system = words("sys", 40); // ~60 tokens: a short system prompt
+                                   // A: lands somewhere and completes; that instance holds the system prompt.
+    let a = post(chat(&system, "hello", false)).await;
+    assert_eq!(a.status(), 200);
+    let holder = header(&a, "x-tokengate-instance");
+    a.bytes().await.unwrap();
+    // B: the same system prompt and a 16 KB user message: the holder has the prefix and the
+    // same (empty) queue, so B goes there and prefills for ~10 s.
+    let b = post(chat(&system, &words("long", 3000), true)).await;
+    assert_eq!(b.status(), 200);
+    assert_eq!(header(&b, "x-tokengate-instance"), holder);
+    let v = gw.instances().await;
+    let q = v["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == holder.as_str())
+        .unwrap()["queued_prefill_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(q > 3000, "B's prefill is queued on {holder}: {v:#}");
+    // C: the same system prompt again. The holder matches it, but its predicted TTFT
+    // (thousands of queued tokens) is far above the other engine's (a cold ~60-token
+    // prefill): C goes to the other engine.
+    let cr = post(chat(&system, "short question", false)).await;
+    assert_eq!(cr.status(), 200);
+    let reason = header(&cr, "x-tokengate-reason");
+    assert_ne!(header(&cr, "x-tokengate-instance"), holder, "{reason}");
+    assert_eq!(reason, "predicted-ttft");
+    cr.bytes().await.unwrap();
+    drop(b); // the client gives up on B
+    gw.wait_idle().await;
+}
