@@ -648,7 +648,34 @@ pub struct ServiceConfig {
     /// Layered or policy scheduling; absent = `load_balancing` alone.
     #[serde(default)]
     pub scheduler: Option<SchedulerConfig>,
+    /// Scrape the engines' own load figures from their Prometheus metrics (vLLM or SGLang
+    /// names); absent = off.
+    #[serde(default)]
+    pub engine_metrics: Option<EngineMetricsSettings>,
     pub instances: Vec<InstanceConfig>,
+}
+
+/// `GET path` on every instance of the service every `interval`: running and queued
+/// requests and KV usage, shown in `/admin/instances` and read by the predicted-TTFT model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineMetricsSettings {
+    #[serde(default = "d_em_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(default = "d_em_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    #[serde(default = "d_em_path")]
+    pub path: String,
+}
+
+fn d_em_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn d_em_timeout() -> Duration {
+    Duration::from_millis(500)
+}
+fn d_em_path() -> String {
+    "/metrics".into()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -822,6 +849,19 @@ impl Config {
         for (si, s) in self.services.iter().enumerate() {
             if let Some(sc) = &s.scheduler {
                 validate_scheduler(sc, &format!("services[{si}].scheduler"), &mut errs);
+            }
+            if let Some(em) = &s.engine_metrics {
+                if em.interval.is_zero() || em.timeout.is_zero() {
+                    errs.push(format!(
+                        "services[{si}].engine_metrics.interval / timeout: must be greater than 0"
+                    ));
+                }
+                if !em.path.starts_with('/') {
+                    errs.push(format!(
+                        "services[{si}].engine_metrics.path: {:?} must start with /",
+                        em.path
+                    ));
+                }
             }
         }
         let hc = &self.health_check;

@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`transport`], [`config`], [`decision`] |
+//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`transport`], [`config`], [`decision`] |
 //! | state | [`pipelines`] (config → pipelines), [`runtime`] (services, routes, instances), [`shared`] |
 //! | one request | [`request`] (admit → plan → dispatch → complete), [`bigbody`], [`proxy`] (Pingora hooks) |
 //! | around requests | [`background`] (health checks, maintenance), [`reload`], [`admin`] |
@@ -21,6 +21,7 @@ pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod demo;
+pub mod engine_metrics;
 pub mod error;
 pub mod health;
 pub mod load;

@@ -6,6 +6,7 @@
 use crate::clock::now_ms;
 use crate::config::{Config, ConfigErrors, RouteBy, Timeouts};
 use crate::decision::{DecisionSpec, Provider, TargetCriteria};
+use crate::engine_metrics::EngineSignals;
 use crate::health::Health;
 use crate::load::{HasLoad, InstanceLoad, LoadSnapshot};
 use crate::metrics::{Metrics, ServiceCounters};
@@ -35,6 +36,10 @@ pub struct Instance {
     /// Shared with the same instance in the next config after a reload.
     pub load: Arc<InstanceLoad>,
     pub health: Arc<Health>,
+    /// The engine's own load figures, when the service scrapes them (kept across reloads).
+    pub engine: Arc<EngineSignals>,
+    /// How old a scrape may be and still count (3 intervals); `None` when not scraped.
+    pub engine_max_age_ms: Option<u64>,
 }
 
 impl HasLoad for Instance {
@@ -57,7 +62,9 @@ impl Instance {
             inflight_tokens: s.inflight_tokens,
             waiting: s.waiting,
             prefill_tokens: s.prefill_tokens,
-            engine: None,
+            engine: self
+                .engine_max_age_ms
+                .and_then(|age| self.engine.fresh(now_ms, age)),
         }
     }
 }
@@ -238,6 +245,8 @@ pub struct Runtime {
     pub health_check: crate::config::HealthCheckSettings,
     pub passive: crate::config::PassiveHealthSettings,
     pub maintenance_interval: std::time::Duration,
+    /// Services that scrape their engines' metrics: (service, settings).
+    pub engine_metrics: Vec<(Arc<Service>, crate::config::EngineMetricsSettings)>,
     /// The predicted-TTFT model: what every instance's completed requests taught it (kept
     /// across reloads).
     pub cost: Arc<CostModel>,
@@ -311,6 +320,11 @@ impl Runtime {
                     key: InstanceKey::of(&i.id),
                     load: old.as_ref().map(|p| p.load.clone()).unwrap_or_default(),
                     health: old.as_ref().map(|p| p.health.clone()).unwrap_or_default(),
+                    engine: old.as_ref().map(|p| p.engine.clone()).unwrap_or_default(),
+                    engine_max_age_ms: s
+                        .engine_metrics
+                        .as_ref()
+                        .map(|e| 3 * e.interval.as_millis() as u64),
                 }));
             }
             let prev_svc = prev.and_then(|p| p.services.get(&s.name));
@@ -441,6 +455,11 @@ impl Runtime {
             }
         }
         let block_tokens = cfg.prefix_index.block_size.max(1);
+        let engine_metrics = cfg
+            .services
+            .iter()
+            .filter_map(|s| Some((services.get(&s.name)?.clone(), s.engine_metrics.clone()?)))
+            .collect();
         Ok(Runtime {
             services,
             ordered,
@@ -462,6 +481,7 @@ impl Runtime {
             maintenance_interval: cfg.prefix_index.maintenance_interval,
             health_check: cfg.health_check.clone(),
             passive: cfg.passive_health.clone(),
+            engine_metrics,
             cost,
         })
     }
@@ -521,6 +541,7 @@ impl Runtime {
                     "errors": l.errors,
                     "cancelled": l.cancelled,
                     "health": i.health.view(now),
+                    "engine": i.engine_max_age_ms.map(|_| i.engine.view(now)),
                     "learned": {
                         "prefill_tokens_per_second": learned_tps(&self.cost, i.key),
                         "decode_step_ms": learned_step(&self.cost, i.key),

@@ -77,3 +77,67 @@ async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
     drop(b); // the client gives up on B
     gw.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_in_an_engine_by_someone_else_count() {
+    // Engines that run one request at a time (the rest queue in the engine) and decode
+    // slowly (50 ms per token).
+    let mut fleet = Vec::new();
+    for i in 1..=2 {
+        fleet.push(
+            engine_sim::spawn_local(engine_sim::SimConfig {
+                id: format!("e{i}"),
+                model: "m".into(),
+                max_running: 1,
+                decode_step_ms: 50.0,
+                decode_per_req_ms: 0.0,
+                time_scale: 1.0,
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    scheduler: {{mode: layered}}\n    engine_metrics: {{interval: 50ms}}\n{}",
+        sim_instances(&fleet)
+    ));
+    // Another client (not this gateway) keeps e1 busy: 1 running + 2 queued in the engine.
+    let direct = reqwest::Client::new();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(
+            direct
+                .post(format!("{}/v1/chat/completions", fleet[0].url()))
+                .json(
+                    &serde_json::json!({"model": "m", "stream": true, "max_tokens": 400,
+                    "messages": [{"role": "user", "content": "busy"}]}),
+                )
+                .send()
+                .await
+                .unwrap(),
+        );
+    }
+    eventually("the gateway to see e1's queue", || async {
+        let v = gw.instances().await;
+        v["instances"][0]["engine"]["waiting"] == 2 && v["instances"][0]["engine"]["running"] == 1
+    })
+    .await;
+    // e1 looks idle to the gateway's own table, but its engine has 2 queued: e2 is cheaper.
+    let c = reqwest::Client::new();
+    for _ in 0..3 {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat(&words("s", 30), "hi", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-tokengate-instance"], "e2");
+        r.bytes().await.unwrap();
+    }
+    let v = gw.instances().await;
+    assert_eq!(v["instances"][1]["engine"]["waiting"], 0, "{v:#}");
+    drop(held);
+    gw.wait_idle().await;
+}

@@ -10,7 +10,7 @@
 //!   the requests dispatched to `i` that have no first token yet ([`Candidate::prefill_tokens`]).
 //! * `E_i` — work queued in the engine that this gateway did not send (when the gateway scrapes
 //!   the engines' metrics, [`Candidate::engine`]): `max(0, engine waiting − our waiting)` ×
-//!   the mean uncached tokens per request.
+//!   the mean uncached tokens per request (this request's prompt before any is known).
 //! * `U_i` — this request's uncached tokens there: its prompt minus the prefix `i` holds
 //!   ([`RequestView::uncached_tokens`]).
 //! * `R_i` — `i`'s prefill rate, tokens per second, learned online (an EWMA) from the requests
@@ -220,7 +220,11 @@ impl CostModel {
         } else {
             cfg.prior_prefill_tps
         };
-        let mean_uncached = self.mean_uncached_milli.load(Relaxed) as f64 / 1000.0;
+        // The size of a request someone else queued: the mean this model saw, else this one's.
+        let mean_uncached = match self.mean_uncached_milli.load(Relaxed) as f64 / 1000.0 {
+            m if m > 0.0 => m,
+            _ => req.prompt_tokens as f64,
+        };
         for (e, c) in out.iter_mut().zip(cands) {
             let l = map.get(&c.key).copied().unwrap_or_default();
             let tps = if l.prefill_samples >= cfg.min_samples {

@@ -1,0 +1,71 @@
+//! Scrapes the engines' own load figures ([`crate::engine_metrics`]) for the services that
+//! ask (`engine_metrics: {interval, timeout, path}`), until shutdown. The config is read
+//! again every round, so a reload applies.
+
+use crate::clock::{now_ms, sleep_or_stop};
+use crate::engine_metrics::parse;
+use crate::shared::Shared;
+use log::debug;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The shortest wait between two rounds.
+const TICK: Duration = Duration::from_millis(100);
+
+pub async fn run(shared: Arc<Shared>, mut stop: pingora::server::ShutdownWatch) {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap_or_default();
+    let mut last: HashMap<String, Instant> = HashMap::new();
+    loop {
+        let rt = shared.runtime.load_full();
+        let mut next = Duration::from_secs(1);
+        let mut scrapes = Vec::new();
+        for (svc, em) in &rt.engine_metrics {
+            next = next.min(em.interval);
+            let due = last
+                .get(&svc.name)
+                .is_none_or(|t| t.elapsed() >= em.interval);
+            if !due {
+                continue;
+            }
+            last.insert(svc.name.clone(), Instant::now());
+            for i in &svc.instances {
+                let url = format!("http://{}{}", i.addr, em.path);
+                let client = client.clone();
+                let i = i.clone();
+                let timeout = em.timeout;
+                scrapes.push(async move {
+                    let got = tokio::time::timeout(timeout, async {
+                        let r = client.get(&url).send().await.ok()?;
+                        if !r.status().is_success() {
+                            return None;
+                        }
+                        r.text().await.ok()
+                    })
+                    .await
+                    .ok()
+                    .flatten();
+                    match got.as_deref().and_then(parse) {
+                        Some(l) => i.engine.store(l, now_ms()),
+                        None => {
+                            i.engine.failed();
+                            debug!("engine metrics of {} ({url}): no usable answer", i.id);
+                        }
+                    }
+                });
+            }
+        }
+        if !scrapes.is_empty() {
+            futures_util::future::join_all(scrapes).await;
+        }
+        if rt.engine_metrics.is_empty() {
+            next = Duration::from_secs(1);
+        }
+        if !sleep_or_stop(next.max(TICK), &mut stop).await {
+            return;
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! Engine load signals: what an inference engine says about its own load in its Prometheus
+//! `/metrics`, in vLLM's or SGLang's names. The gateway scrapes them when a service asks
+//! (`engine_metrics`, [`crate::background::engine_metrics`]) and shows them in
+//! `/admin/instances`; the predicted-TTFT model counts the requests an engine has queued that
+//! this gateway did not send (several gateways, or clients going direct, share a fleet).
+//!
+//! | figure | vLLM | SGLang |
+//! |---|---|---|
+//! | running requests | `vllm:num_requests_running` | `sglang:num_running_reqs` |
+//! | queued requests | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` |
+//! | KV cache in use (0..1) | `vllm:kv_cache_usage_perc` (older: `vllm:gpu_cache_usage_perc`) | `sglang:token_usage` |
+//!
+//! Series with several label sets (several models or data-parallel ranks) are summed (the
+//! KV usage: the highest). Lines the parser does not know are skipped.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use tokengate_plugins::EngineLoad;
+
+/// Parses a Prometheus text exposition. `None` when it holds none of the known series.
+pub fn parse(text: &str) -> Option<EngineLoad> {
+    let (mut running, mut waiting, mut usage) = (None::<f64>, None::<f64>, None::<f64>);
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, rest) = match line.find(['{', ' ']) {
+            Some(i) => line.split_at(i),
+            None => continue,
+        };
+        // Skip the labels (their values may hold spaces and braces inside quotes).
+        let rest = if rest.starts_with('{') {
+            match closing_brace(rest) {
+                Some(i) => &rest[i + 1..],
+                None => continue,
+            }
+        } else {
+            rest
+        };
+        let Some(v) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if !v.is_finite() {
+            continue;
+        }
+        let add = |slot: &mut Option<f64>| *slot = Some(slot.unwrap_or(0.0) + v);
+        match name {
+            "vllm:num_requests_running" | "sglang:num_running_reqs" => add(&mut running),
+            "vllm:num_requests_waiting" | "sglang:num_queue_reqs" => add(&mut waiting),
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage" => {
+                usage = Some(usage.map_or(v, |u| u.max(v)));
+            }
+            _ => {}
+        }
+    }
+    if running.is_none() && waiting.is_none() && usage.is_none() {
+        return None;
+    }
+    let count = |x: Option<f64>| x.unwrap_or(0.0).clamp(0.0, f64::from(u32::MAX)) as u32;
+    Some(EngineLoad {
+        running: count(running),
+        waiting: count(waiting),
+        kv_usage: usage.unwrap_or(0.0).clamp(0.0, 1.0),
+    })
+}
+
+/// The index of the `}` closing a label set that starts at `s[0] == '{'`.
+fn closing_brace(s: &str) -> Option<usize> {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '}' if !quoted => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The last scrape of one instance, shared with the scraper (atomics: read on every pick).
+#[derive(Debug, Default)]
+pub struct EngineSignals {
+    running: AtomicU32,
+    waiting: AtomicU32,
+    /// KV usage in parts per million.
+    kv_ppm: AtomicU32,
+    /// `clock::now_ms()` of the last successful scrape; 0 = never.
+    at_ms: AtomicU64,
+    /// Consecutive failed scrapes.
+    failures: AtomicU32,
+}
+
+impl EngineSignals {
+    pub fn store(&self, l: EngineLoad, now_ms: u64) {
+        self.running.store(l.running, Relaxed);
+        self.waiting.store(l.waiting, Relaxed);
+        self.kv_ppm
+            .store((l.kv_usage * 1e6).round() as u32, Relaxed);
+        self.at_ms.store(now_ms.max(1), Relaxed);
+        self.failures.store(0, Relaxed);
+    }
+
+    pub fn failed(&self) {
+        self.failures.fetch_add(1, Relaxed);
+    }
+
+    /// The last figures, when scraped within `max_age_ms`.
+    pub fn fresh(&self, now_ms: u64, max_age_ms: u64) -> Option<EngineLoad> {
+        let at = self.at_ms.load(Relaxed);
+        if at == 0 || now_ms.saturating_sub(at) > max_age_ms {
+            return None;
+        }
+        Some(EngineLoad {
+            running: self.running.load(Relaxed),
+            waiting: self.waiting.load(Relaxed),
+            kv_usage: f64::from(self.kv_ppm.load(Relaxed)) / 1e6,
+        })
+    }
+
+    /// For `/admin/instances`: the figures, their age and the failures since the last success.
+    pub fn view(&self, now_ms: u64) -> serde_json::Value {
+        let at = self.at_ms.load(Relaxed);
+        serde_json::json!({
+            "running": self.running.load(Relaxed),
+            "waiting": self.waiting.load(Relaxed),
+            "kv_usage": f64::from(self.kv_ppm.load(Relaxed)) / 1e6,
+            "age_ms": (at > 0).then(|| now_ms.saturating_sub(at)),
+            "consecutive_failures": self.failures.load(Relaxed),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// From a vLLM 0.9 server (trimmed).
+    const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 7.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 3.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.8125
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-8B"} 123456.0
+"#;
+
+    /// From an SGLang server (trimmed), two data-parallel ranks.
+    const SGLANG: &str = r#"# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct",dp_rank="0"} 12.0
+sglang:num_running_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct",dp_rank="1"} 10.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct",dp_rank="0"} 4.0
+sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct",dp_rank="1"} 1.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="meta-llama/Llama-3.1-8B-Instruct",dp_rank="0"} 0.61
+sglang:token_usage{model_name="meta-llama/Llama-3.1-8B-Instruct",dp_rank="1"} 0.74
+sglang:gen_throughput{model_name="meta-llama/Llama-3.1-8B-Instruct",dp_rank="0"} 1534.2
+"#;
+
+    #[test]
+    fn vllm_and_sglang_names() {
+        assert_eq!(
+            parse(VLLM),
+            Some(EngineLoad {
+                running: 7,
+                waiting: 3,
+                kv_usage: 0.8125
+            })
+        );
+        assert_eq!(
+            parse(SGLANG),
+            Some(EngineLoad {
+                running: 22,
+                waiting: 5,
+                kv_usage: 0.74
+            })
+        );
+    }
+
+    #[test]
+    fn older_vllm_names_odd_labels_and_garbage() {
+        let t = "vllm:gpu_cache_usage_perc{model_name=\"a \\\"b} c\"} 0.5 1700000000000\n\
+                 vllm:num_requests_running 2\n\
+                 vllm:num_requests_waiting{x=\"1\"} NaN\n\
+                 not a metric line\n\
+                 vllm:num_requests_waiting{broken 5\n";
+        assert_eq!(
+            parse(t),
+            Some(EngineLoad {
+                running: 2,
+                waiting: 0,
+                kv_usage: 0.5
+            })
+        );
+        assert_eq!(parse("# nothing\nother_metric 1\n"), None);
+        assert_eq!(parse(""), None);
+    }
+
+    #[test]
+    fn stale_signals_are_not_used() {
+        let s = EngineSignals::default();
+        assert_eq!(s.fresh(1000, 5000), None);
+        s.store(
+            EngineLoad {
+                running: 1,
+                waiting: 2,
+                kv_usage: 0.25,
+            },
+            1000,
+        );
+        assert_eq!(s.fresh(3000, 5000).unwrap().waiting, 2);
+        assert_eq!(s.fresh(7000, 5000), None);
+    }
+}
