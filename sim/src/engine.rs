@@ -9,6 +9,14 @@
 //! more token for every decoding request. All durations are divided by
 //! `time_scale`. Tokens are delivered to per-request unbounded channels; a
 //! closed channel cancels the request.
+//!
+//! Prefill/decode disaggregation ([`crate::pd`]) adds two kinds of request. A
+//! PD prefill ([`Submit::hold`]) is an ordinary one-token request whose KV
+//! blocks stay referenced after it finished, until [`Engine::release_hold`]
+//! (the decode fetched them, or nobody did in time). A PD decode
+//! ([`Submit::remote_cached`]) got its prompt's KV from a prefill engine: it
+//! takes its blocks (prompt + output, not cacheable here) when admitted, skips
+//! the prefix lookup and the prefill, and emits its first token right away.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;

@@ -625,7 +625,7 @@ pub(crate) async fn receive_kv(
                 Err(e) => return fail(&engine.pd.transfer_errors, format!("bad KV info: {e}")),
             },
             // not published yet: the prefill already waited `wait`
-            Ok((404, _)) => {}
+            Ok((404, body)) if is_pending(&body) => {}
             Ok((status, body)) => {
                 let why = serde_json::from_slice::<Value>(&body)
                     .ok()
@@ -663,6 +663,10 @@ pub(crate) async fn receive_kv(
     }
     engine.pd.transfers_received.fetch_add(1, Ordering::Relaxed);
     Ok(info)
+}
+
+fn is_pending(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body).is_ok_and(|v| v["status"] == "pending")
 }
 
 /// `POST http://host:port{path}` with a JSON body over a fresh HTTP/1.1

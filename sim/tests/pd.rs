@@ -252,13 +252,26 @@ async fn sglang_decode_fails_when_the_room_never_comes() {
     )
     .await;
     assert_eq!(error_of(r).await.0, 500);
+    // The bootstrap address is an engine that is no SGLang prefill: refused at once.
+    let plain = sim(fast_cfg()).await;
+    let r = send(
+        &c,
+        &decode,
+        &with_room(chat("alone", 4, false), plain.addr.port(), 101),
+    )
+    .await;
+    let (status, msg) = error_of(r).await;
+    assert_eq!(status, 500);
+    assert!(msg.contains("is not a sglang prefill engine"), "{msg}");
     let ds = decode.stats();
     assert_eq!(ds.pd_transfer_timeouts, 2);
+    assert_eq!(ds.pd_transfer_errors, 1);
     assert_eq!(ds.pd_transfers_received, 0);
     assert_eq!(ds.requests_finished + ds.generation_tokens, 0);
     assert_eq!(ds.pd_awaiting_kv, 0);
     prefill.stop().await;
     decode.stop().await;
+    plain.stop().await;
 }
 
 #[tokio::test]
