@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde_json::{json, Value};
 
 use crate::engine::Usage;
+use crate::pd::PdFields;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Api {
@@ -22,6 +23,8 @@ pub(crate) struct Parsed {
     pub include_usage: bool,
     pub prompt: Vec<u8>,
     pub max_tokens: Option<u64>,
+    /// Prefill/decode disaggregation fields (SGLang bootstrap, vLLM kv_transfer_params).
+    pub pd: PdFields,
 }
 
 /// Render a message-like `content`: a string, or an array of parts whose text
@@ -174,6 +177,7 @@ pub(crate) fn parse(api: Api, raw: &[u8]) -> Result<Parsed, String> {
         include_usage,
         prompt,
         max_tokens,
+        pd: PdFields::from_body(&body),
     })
 }
 
@@ -622,6 +626,30 @@ impl StreamFmt {
             out.push_str(&self.tail_last);
         } else {
             out.push_str(&self.tail);
+        }
+    }
+
+    /// An error after the stream started, in the API's own shape, then the end.
+    pub(crate) fn failed(&mut self, out: &mut String, status: u16, message: &str) {
+        self.finished = true;
+        match self.meta.api {
+            Api::Chat | Api::Completions => {
+                sse(out, None, &error_body(Some(self.meta.api), status, message));
+                out.push_str("data: [DONE]\n\n");
+            }
+            Api::Responses => {
+                let s = self.next_seq();
+                sse(
+                    out,
+                    Some("error"),
+                    &json!({"type": "error", "code": status.to_string(), "message": message, "param": null, "sequence_number": s}),
+                );
+            }
+            Api::Messages => sse(
+                out,
+                Some("error"),
+                &error_body(Some(Api::Messages), status, message),
+            ),
         }
     }
 

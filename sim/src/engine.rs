@@ -9,9 +9,18 @@
 //! more token for every decoding request. All durations are divided by
 //! `time_scale`. Tokens are delivered to per-request unbounded channels; a
 //! closed channel cancels the request.
+//!
+//! Prefill/decode disaggregation ([`crate::pd`]) adds two kinds of request. A
+//! PD prefill ([`Submit::hold`]) is an ordinary one-token request whose KV
+//! blocks stay referenced after it finished, until [`Engine::release_hold`]
+//! (the decode fetched them, or nobody did in time). A PD decode
+//! ([`Submit::remote_cached`]) got its prompt's KV from a prefill engine: it
+//! takes its blocks (prompt + output, not cacheable here) when admitted, skips
+//! the prefix lookup and the prefill, and emits its first token right away.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +29,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, Notify};
 
 use crate::kvcache::KvCache;
-use crate::SimConfig;
+use crate::{Role, SimConfig};
 
 /// Usage of a finished request, in tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,6 +48,9 @@ pub(crate) enum Ev {
     Tokens { upto: u32 },
     /// Generation finished.
     Done(Usage),
+    /// The request failed after its response started (PD: the KV transfer
+    /// did not complete). Never sent by the scheduler itself.
+    Failed { status: u16, message: String },
 }
 
 pub(crate) struct Submit {
@@ -48,6 +60,13 @@ pub(crate) struct Submit {
     pub stream: bool,
     /// The output length is the client's max_tokens (finish_reason "length").
     pub length_limited: bool,
+    /// PD prefill: when the request finishes, keep its KV blocks referenced
+    /// under this id until [`Engine::release_hold`] (the decode fetched them).
+    pub hold: Option<u64>,
+    /// PD decode: the prompt's KV arrived from a prefill engine. No prefix
+    /// lookup and no prefill compute; the first token is emitted at admission.
+    /// The value is the prefill's cached-token count, reported in the usage.
+    pub remote_cached: Option<u32>,
     pub tx: mpsc::UnboundedSender<Ev>,
 }
 
@@ -65,6 +84,8 @@ struct Req {
     prefill_end: Instant,
     generated: u32,
     decoding: bool,
+    hold: Option<u64>,
+    remote_cached: Option<u32>,
 }
 
 /// vLLM's TTFT histogram buckets.
@@ -78,7 +99,7 @@ const E2E_BUCKETS: &[f64] = &[
 ];
 
 #[derive(Clone, Debug)]
-struct Histogram {
+pub(crate) struct Histogram {
     bounds: &'static [f64],
     counts: Vec<u64>,
     sum: f64,
@@ -103,7 +124,7 @@ impl Histogram {
         self.sum += v;
         self.count += 1;
     }
-    fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
+    pub(crate) fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (b, c) in self.bounds.iter().zip(&self.counts) {
             let _ = writeln!(out, "{name}_bucket{{{label},le=\"{b:?}\"}} {c}");
@@ -116,21 +137,38 @@ impl Histogram {
 
 /// Counters since start.
 #[derive(Clone, Debug)]
-struct Metrics {
-    prefix_queries: u64,
-    prefix_hits: u64,
-    prompt_tokens: u64,
-    generation_tokens: u64,
-    success_length: u64,
-    success_stop: u64,
-    aborted: u64,
-    ttft: Histogram,
-    e2e: Histogram,
+pub(crate) struct Metrics {
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub prompt_tokens: u64,
+    /// Uncached prompt tokens actually prefilled (remote-KV requests add none).
+    pub prefill_computed: u64,
+    pub generation_tokens: u64,
+    pub success_length: u64,
+    pub success_stop: u64,
+    pub aborted: u64,
+    pub ttft: Histogram,
+    pub e2e: Histogram,
+}
+
+/// Counters of the prefill/decode disaggregation protocols, bumped by the
+/// HTTP side ([`crate::pd`]).
+#[derive(Debug, Default)]
+pub(crate) struct PdCounters {
+    pub prefills_published: AtomicU64,
+    pub transfers_sent: AtomicU64,
+    pub transfers_expired: AtomicU64,
+    pub transfers_received: AtomicU64,
+    pub transfer_timeouts: AtomicU64,
+    pub transfer_errors: AtomicU64,
+    pub awaiting_kv: AtomicUsize,
 }
 
 /// A snapshot of the engine state, for tests and `GET /admin/stats`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Stats {
+    /// The engine's role in a prefill/decode-disaggregated fleet.
+    pub role: Role,
     pub running: usize,
     pub waiting: usize,
     /// Fraction of KV blocks referenced by running requests.
@@ -153,19 +191,47 @@ pub struct Stats {
     /// Highest number of requests in their prefill phase at once: queued (waiting) or
     /// admitted and not yet past their prefill (no first token yet).
     pub max_prefill_phase: usize,
+    /// Requests in their prefill phase now (waiting + admitted without a first token).
+    pub prefill_phase: usize,
+    /// Uncached prompt tokens this engine prefilled itself (its prefill work). A PD
+    /// decode engine that got the KV from a prefill engine adds none.
+    pub prefill_computed_tokens: u64,
     /// Largest running batch observed.
     pub max_running: usize,
     /// Longest decode step scheduled, simulated ms (`decode_step_ms + decode_per_req_ms ×
     /// running`, before the time scale): the largest batch that decoded together.
     pub max_step_ms: f64,
+    /// PD prefill: KV published for a bootstrap room (sglang) or registered for a
+    /// transfer id (vllm).
+    pub pd_prefills_published: u64,
+    /// PD prefill: published KV that a decode engine fetched.
+    pub pd_transfers_sent: u64,
+    /// PD prefill: published KV that no decode engine fetched within `pd_timeout_ms`.
+    pub pd_transfers_expired: u64,
+    /// PD decode: KV received from a prefill engine.
+    pub pd_transfers_received: u64,
+    /// PD decode: requests failed because their KV did not arrive within `pd_timeout_ms`.
+    pub pd_transfer_timeouts: u64,
+    /// PD decode: requests failed because the prefill refused the transfer (room already
+    /// claimed, failed prefill, block ids or prompt mismatch).
+    pub pd_transfer_errors: u64,
+    /// PD decode: requests waiting for (or receiving) their KV now.
+    pub pd_awaiting_kv: usize,
+    /// PD prefill: finished prefills whose KV is pinned until a decode fetches it.
+    pub pd_kv_pinned: usize,
 }
 
 struct State {
     kv: KvCache,
     waiting: VecDeque<Req>,
     running: Vec<Req>,
+    /// PD prefill: KV of finished requests pinned until the decode fetched it.
+    held: HashMap<u64, (Vec<u64>, usize)>,
     prefill_free_at: Instant,
     m: Metrics,
+    /// (time, cumulative generation tokens) at recent decode steps, for a
+    /// generation throughput over the last second.
+    gen_window: VecDeque<(Instant, u64)>,
     max_waiting: usize,
     max_prefill_phase: usize,
     max_running: usize,
@@ -176,7 +242,19 @@ pub(crate) struct Engine {
     cfg: Arc<SimConfig>,
     state: Mutex<State>,
     notify: Notify,
+    pub(crate) pd: PdCounters,
 }
+
+/// What `/metrics` renders, copied out of the engine under one lock.
+pub(crate) struct Snapshot {
+    pub stats: Stats,
+    pub m: Metrics,
+    /// Generated tokens per (wall-clock) second over the last second.
+    pub gen_throughput: f64,
+}
+
+/// Window of [`State::gen_window`].
+const GEN_WINDOW: Duration = Duration::from_secs(1);
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
@@ -189,11 +267,14 @@ impl Engine {
                 kv: KvCache::new(cfg.kv_blocks),
                 waiting: VecDeque::new(),
                 running: Vec::new(),
+                held: HashMap::new(),
                 prefill_free_at: Instant::now(),
+                gen_window: VecDeque::new(),
                 m: Metrics {
                     prefix_queries: 0,
                     prefix_hits: 0,
                     prompt_tokens: 0,
+                    prefill_computed: 0,
                     generation_tokens: 0,
                     success_length: 0,
                     success_stop: 0,
@@ -208,6 +289,7 @@ impl Engine {
             }),
             cfg,
             notify: Notify::new(),
+            pd: PdCounters::default(),
         })
     }
 
@@ -234,6 +316,8 @@ impl Engine {
                 prefill_end: now,
                 generated: 0,
                 decoding: false,
+                hold: s.hold,
+                remote_cached: s.remote_cached,
             });
             let w = st.waiting.len();
             st.max_waiting = st.max_waiting.max(w);
@@ -248,9 +332,34 @@ impl Engine {
         self.state.lock().kv.reset();
     }
 
+    /// Release the KV pinned under `id` by a PD prefill ([`Submit::hold`]).
+    pub(crate) fn release_hold(&self, id: u64) {
+        let released = {
+            let mut st = self.state.lock();
+            match st.held.remove(&id) {
+                Some((hashes, anon)) => {
+                    st.kv.release(&hashes, anon);
+                    true
+                }
+                None => false,
+            }
+        };
+        if released {
+            // a waiting request may fit now
+            self.notify.notify_one();
+        }
+    }
+
     pub(crate) fn stats(&self) -> Stats {
         let st = self.state.lock();
+        self.stats_locked(&st)
+    }
+
+    fn stats_locked(&self, st: &State) -> Stats {
+        let pd = &self.pd;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Stats {
+            role: self.cfg.role,
             running: st.running.len(),
             waiting: st.waiting.len(),
             kv_usage: st.kv.usage(),
@@ -264,113 +373,43 @@ impl Engine {
             requests_aborted: st.m.aborted,
             max_waiting: st.max_waiting,
             max_prefill_phase: st.max_prefill_phase,
+            prefill_phase: st.waiting.len() + st.running.iter().filter(|r| !r.decoding).count(),
+            prefill_computed_tokens: st.m.prefill_computed,
             max_running: st.max_running,
             max_step_ms: st.max_step_ms,
+            pd_prefills_published: get(&pd.prefills_published),
+            pd_transfers_sent: get(&pd.transfers_sent),
+            pd_transfers_expired: get(&pd.transfers_expired),
+            pd_transfers_received: get(&pd.transfers_received),
+            pd_transfer_timeouts: get(&pd.transfer_timeouts),
+            pd_transfer_errors: get(&pd.transfer_errors),
+            pd_awaiting_kv: pd.awaiting_kv.load(Ordering::Relaxed),
+            pd_kv_pinned: st.held.len(),
         }
     }
 
-    /// Prometheus text exposition with vLLM metric names.
-    pub(crate) fn render_metrics(&self) -> String {
-        let (running, waiting, usage, m) = {
-            let st = self.state.lock();
-            (
-                st.running.len(),
-                st.waiting.len(),
-                st.kv.usage(),
-                st.m.clone(),
-            )
+    /// Everything `/metrics` shows, taken under one lock.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        while st
+            .gen_window
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > GEN_WINDOW)
+        {
+            st.gen_window.pop_front();
+        }
+        let gen_throughput = match (st.gen_window.front(), st.gen_window.back()) {
+            (Some((t0, g0)), Some((t1, g1))) if t1 > t0 => {
+                (g1 - g0) as f64 / t1.duration_since(*t0).as_secs_f64()
+            }
+            _ => 0.0,
         };
-        let model = self.cfg.model.replace('\\', "\\\\").replace('"', "\\\"");
-        let l = format!("model_name=\"{model}\"");
-        let mut o = String::with_capacity(4096);
-        let gauge = |o: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(
-                o,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {v}"
-            );
-        };
-        gauge(
-            &mut o,
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            running as f64,
-        );
-        gauge(
-            &mut o,
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            waiting as f64,
-        );
-        gauge(
-            &mut o,
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            usage,
-        );
-        gauge(
-            &mut o,
-            "vllm:gpu_cache_usage_perc",
-            "GPU KV-cache usage. 1 means 100 percent usage (deprecated name).",
-            usage,
-        );
-        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                o,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {v}"
-            );
-        };
-        counter(
-            &mut o,
-            "vllm:prefix_cache_queries_total",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            m.prefix_queries,
-        );
-        counter(
-            &mut o,
-            "vllm:prefix_cache_hits_total",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            m.prefix_hits,
-        );
-        counter(
-            &mut o,
-            "vllm:prompt_tokens_total",
-            "Number of prefill tokens processed.",
-            m.prompt_tokens,
-        );
-        counter(
-            &mut o,
-            "vllm:generation_tokens_total",
-            "Number of generation tokens processed.",
-            m.generation_tokens,
-        );
-        counter(
-            &mut o,
-            "vllm:num_preemptions_total",
-            "Cumulative number of preemption from the engine.",
-            0,
-        );
-        let _ = writeln!(
-            o,
-            "# HELP vllm:request_success_total Count of successfully processed requests.\n\
-             # TYPE vllm:request_success_total counter\n\
-             vllm:request_success_total{{{l},finished_reason=\"length\"}} {}\n\
-             vllm:request_success_total{{{l},finished_reason=\"stop\"}} {}\n\
-             vllm:request_success_total{{{l},finished_reason=\"abort\"}} {}",
-            m.success_length, m.success_stop, m.aborted
-        );
-        m.ttft.render(
-            &mut o,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            &l,
-        );
-        m.e2e.render(
-            &mut o,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            &l,
-        );
-        o
+        Snapshot {
+            stats: self.stats_locked(&st),
+            m: st.m.clone(),
+            gen_throughput,
+        }
     }
 
     fn step_duration(&self, running: usize) -> Duration {
@@ -394,6 +433,15 @@ impl Engine {
                         st.decode_step(now);
                         step_deadline = None;
                         last_step = Some(d);
+                        let g = st.m.generation_tokens;
+                        st.gen_window.push_back((now, g));
+                        while st
+                            .gen_window
+                            .front()
+                            .is_some_and(|(t, _)| now.duration_since(*t) > GEN_WINDOW)
+                        {
+                            st.gen_window.pop_front();
+                        }
                     }
                 }
                 st.finish_prefills(now);
@@ -448,9 +496,25 @@ impl State {
                 continue;
             }
             let prompt = front.prompt_tokens as usize;
+            let total = (prompt + front.target as usize).div_ceil(bs);
+            if let Some(cached) = front.remote_cached {
+                // PD decode: the prompt's KV came from the prefill engine; it
+                // occupies blocks here, but nothing is looked up or computed.
+                if self.kv.allocate(&[], 0, total).is_none() {
+                    break;
+                }
+                let mut r = self.waiting.pop_front().expect("front exists");
+                r.hashes = Vec::new();
+                r.anon = total;
+                r.cached = cached;
+                r.prefill_end = now;
+                self.m.prompt_tokens += prompt as u64;
+                let _ = r.tx.send(Ev::Admitted { cached: r.cached });
+                self.running.push(r);
+                continue;
+            }
             // vLLM always recomputes the last prompt token.
             let max_hit = (prompt - 1) / bs;
-            let total = (prompt + front.target as usize).div_ceil(bs);
             let anon = total.saturating_sub(front.hashes.len());
             let Some(hit) = self.kv.allocate(&front.hashes, max_hit, anon) else {
                 break;
@@ -458,38 +522,57 @@ impl State {
             let mut r = self.waiting.pop_front().expect("front exists");
             r.cached = (hit * bs) as u32;
             r.anon = anon;
-            let uncached = (prompt - hit * bs) as f64;
+            let uncached = prompt - hit * bs;
             let start = self.prefill_free_at.max(now);
-            r.prefill_end = start + secs(uncached / cfg.prefill_tps / cfg.time_scale);
+            r.prefill_end = start + secs(uncached as f64 / cfg.prefill_tps / cfg.time_scale);
             self.prefill_free_at = r.prefill_end;
             self.m.prefix_queries += prompt as u64;
             self.m.prefix_hits += r.cached as u64;
             self.m.prompt_tokens += prompt as u64;
+            self.m.prefill_computed += uncached as u64;
             let _ = r.tx.send(Ev::Admitted { cached: r.cached });
             self.running.push(r);
         }
     }
 
     fn finish_prefills(&mut self, now: Instant) {
-        let State { running, kv, m, .. } = self;
+        let State {
+            running,
+            kv,
+            m,
+            held,
+            ..
+        } = self;
         running.retain_mut(|r| {
             if r.decoding || r.prefill_end > now {
                 return true;
             }
             r.decoding = true;
             m.ttft.observe(now.duration_since(r.arrival).as_secs_f64());
-            emit(r, kv, m, now)
+            emit(r, kv, held, m, now)
         });
     }
 
     fn decode_step(&mut self, now: Instant) {
-        let State { running, kv, m, .. } = self;
-        running.retain_mut(|r| !r.decoding || emit(r, kv, m, now));
+        let State {
+            running,
+            kv,
+            m,
+            held,
+            ..
+        } = self;
+        running.retain_mut(|r| !r.decoding || emit(r, kv, held, m, now));
     }
 }
 
 /// Produce one token for `r`; returns false when the request left the batch.
-fn emit(r: &mut Req, kv: &mut KvCache, m: &mut Metrics, now: Instant) -> bool {
+fn emit(
+    r: &mut Req,
+    kv: &mut KvCache,
+    held: &mut HashMap<u64, (Vec<u64>, usize)>,
+    m: &mut Metrics,
+    now: Instant,
+) -> bool {
     r.generated += 1;
     m.generation_tokens += 1;
     let done = r.generated >= r.target;
@@ -508,7 +591,13 @@ fn emit(r: &mut Req, kv: &mut KvCache, m: &mut Metrics, now: Instant) -> bool {
         return false;
     }
     if done {
-        kv.release(&r.hashes, r.anon);
+        match r.hold {
+            // PD prefill: the KV stays referenced until the decode fetched it.
+            Some(id) => {
+                held.insert(id, (std::mem::take(&mut r.hashes), r.anon));
+            }
+            None => kv.release(&r.hashes, r.anon),
+        }
         if r.length_limited {
             m.success_length += 1;
         } else {

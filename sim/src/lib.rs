@@ -8,6 +8,12 @@
 //! in-process ([`SimHandle::set_faults`]). In [`decision`] mode it plays a
 //! rule-based routing model for tokengate's decision service.
 //!
+//! `/metrics` speaks vLLM's or SGLang's metric names ([`MetricsFlavor`]). An
+//! engine can also play one side of a prefill/decode-disaggregated fleet
+//! ([`Role`], [`PdMode`]): SGLang's bootstrap-room protocol or vLLM's
+//! `kv_transfer_params` protocol, with the KV handed over between engine-sims
+//! over loopback HTTP (see the `pd` module and `sim/README.md`).
+//!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
 //! let sim = engine_sim::spawn_local(engine_sim::SimConfig::default()).await?;
@@ -21,17 +27,87 @@ pub mod decision;
 mod engine;
 mod faults;
 pub mod kvcache;
+mod metrics;
+mod pd;
 mod server;
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 pub use engine::Stats;
 pub use faults::Faults;
+
+/// Metric names exported on `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsFlavor {
+    /// vLLM's names (`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, …).
+    #[default]
+    Vllm,
+    /// SGLang's names (`sglang:num_running_reqs`, `sglang:token_usage`, …).
+    Sglang,
+}
+
+/// The engine's part in a prefill/decode (PD) disaggregated fleet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A normal engine: prefill and decode in one place (PD fields are ignored).
+    #[default]
+    Integrated,
+    /// Prefills, then hands the KV to a decode engine.
+    Prefill,
+    /// Gets the KV from a prefill engine, then decodes.
+    Decode,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Integrated => "integrated",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+
+    /// SGLang's `engine_type` metric label.
+    pub(crate) fn sglang_engine_type(self) -> &'static str {
+        match self {
+            Role::Integrated => "unified",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// Which real PD protocol a prefill or decode engine speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PdMode {
+    /// SGLang (Mooncake): the router sends the same request, with
+    /// `bootstrap_host` / `bootstrap_port` / `bootstrap_room`, to both engines at
+    /// once; the decode pulls the room's KV from the prefill's bootstrap server.
+    #[default]
+    Sglang,
+    /// vLLM (NIXL): the proxy sends the prefill a `max_tokens: 1` request with
+    /// `kv_transfer_params.do_remote_decode`, then the decode the original request
+    /// with the `kv_transfer_params` the prefill returned.
+    Vllm,
+}
+
+impl PdMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PdMode::Sglang => "sglang",
+            PdMode::Vllm => "vllm",
+        }
+    }
+}
 
 /// Engine parameters. All durations are divided by `time_scale`.
 #[derive(Clone, Debug)]
@@ -65,6 +141,22 @@ pub struct SimConfig {
     /// Decision mode ([`decision`]): chat requests whose system text holds a
     /// target list are answered with one target's name instead of filler.
     pub decision_mode: bool,
+    /// Metric names on `/metrics`.
+    pub metrics_flavor: MetricsFlavor,
+    /// Part in a prefill/decode-disaggregated fleet.
+    pub role: Role,
+    /// PD protocol spoken when `role` is prefill or decode.
+    pub pd_mode: PdMode,
+    /// SGLang prefill only: also serve the bootstrap endpoints on this port
+    /// (Mooncake's `--disaggregation-bootstrap-port`; 0 picks a free port, see
+    /// [`SimHandle::bootstrap_addr`]). They are always served on the main port too.
+    pub bootstrap_port: Option<u16>,
+    /// Simulated KV transfer time from prefill to decode, ms per 1000 prompt
+    /// tokens (divided by `time_scale`).
+    pub kv_transfer_ms_per_1k_tokens: f64,
+    /// PD: how long (wall-clock ms, not scaled) a decode waits for its KV and a
+    /// prefill keeps finished KV pinned for a decode to fetch.
+    pub pd_timeout_ms: u64,
 }
 
 impl Default for SimConfig {
@@ -84,6 +176,12 @@ impl Default for SimConfig {
             chunk_tokens: 1,
             faults: Faults::default(),
             decision_mode: false,
+            metrics_flavor: MetricsFlavor::Vllm,
+            role: Role::Integrated,
+            pd_mode: PdMode::Sglang,
+            bootstrap_port: None,
+            kv_transfer_ms_per_1k_tokens: 10.0,
+            pd_timeout_ms: 30_000,
         }
     }
 }
@@ -103,7 +201,20 @@ impl SimConfig {
         if !(self.decode_step_ms >= 0.0 && self.decode_per_req_ms >= 0.0) {
             return bad("decode times must be >= 0");
         }
+        if !(self.kv_transfer_ms_per_1k_tokens >= 0.0
+            && self.kv_transfer_ms_per_1k_tokens.is_finite())
+        {
+            return bad("kv_transfer_ms_per_1k_tokens must be >= 0");
+        }
+        if self.pd_timeout_ms == 0 {
+            return bad("pd_timeout_ms must be > 0");
+        }
         Ok(())
+    }
+
+    /// `Some(role)` when the engine plays prefill or decode.
+    pub(crate) fn pd_active(&self) -> Option<Role> {
+        (self.role != Role::Integrated).then_some(self.role)
     }
 }
 
@@ -154,6 +265,28 @@ pub struct SimArgs {
     /// name of the target whose criteria best match the last user message
     #[arg(long)]
     pub decision_mode: bool,
+    /// Metric names on /metrics: vLLM's (vllm:num_requests_running, …) or
+    /// SGLang's (sglang:num_running_reqs, …)
+    #[arg(long, value_enum, default_value_t = MetricsFlavor::Vllm)]
+    pub metrics_flavor: MetricsFlavor,
+    /// Part in a prefill/decode-disaggregated fleet
+    #[arg(long, value_enum, default_value_t = Role::Integrated)]
+    pub role: Role,
+    /// PD protocol of a prefill or decode engine: SGLang's bootstrap rooms or
+    /// vLLM's kv_transfer_params
+    #[arg(long, value_enum, default_value_t = PdMode::Sglang)]
+    pub pd_mode: PdMode,
+    /// SGLang prefill: also serve the bootstrap endpoints on this port (like
+    /// --disaggregation-bootstrap-port; they are always on the main port too)
+    #[arg(long)]
+    pub bootstrap_port: Option<u16>,
+    /// Simulated prefill-to-decode KV transfer time in ms per 1000 prompt tokens
+    #[arg(long, default_value_t = 10.0)]
+    pub kv_transfer_ms_per_1k_tokens: f64,
+    /// PD: wall-clock ms a decode waits for its KV, and a prefill keeps finished
+    /// KV for a decode to fetch, before giving up
+    #[arg(long, default_value_t = 30_000)]
+    pub pd_timeout_ms: u64,
     #[command(flatten)]
     pub faults: Faults,
 }
@@ -175,6 +308,12 @@ impl SimArgs {
             chunk_tokens: self.chunk_tokens,
             faults: self.faults,
             decision_mode: self.decision_mode,
+            metrics_flavor: self.metrics_flavor,
+            role: self.role,
+            pd_mode: self.pd_mode,
+            bootstrap_port: self.bootstrap_port,
+            kv_transfer_ms_per_1k_tokens: self.kv_transfer_ms_per_1k_tokens,
+            pd_timeout_ms: self.pd_timeout_ms,
         }
     }
 }
@@ -183,6 +322,7 @@ impl SimArgs {
 /// shuts it down and waits until the port is closed.
 pub struct SimHandle {
     pub addr: SocketAddr,
+    bootstrap_addr: Option<SocketAddr>,
     shared: Arc<server::Shared>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -196,6 +336,12 @@ impl SimHandle {
 
     pub fn id(&self) -> &str {
         &self.shared.cfg.id
+    }
+
+    /// SGLang prefill with `bootstrap_port` set: where the separate bootstrap
+    /// listener is (the same endpoints are also on [`addr`](Self::addr)).
+    pub fn bootstrap_addr(&self) -> Option<SocketAddr> {
+        self.bootstrap_addr
     }
 
     pub fn config(&self) -> &SimConfig {
@@ -245,14 +391,31 @@ impl Drop for SimHandle {
 pub async fn start(cfg: SimConfig, listener: TcpListener) -> io::Result<SimHandle> {
     cfg.validate()?;
     let addr = listener.local_addr()?;
+    let bootstrap = match cfg.bootstrap_port {
+        Some(port) if cfg.role == Role::Prefill && cfg.pd_mode == PdMode::Sglang => {
+            Some(TcpListener::bind(SocketAddr::new(addr.ip(), port)).await?)
+        }
+        _ => None,
+    };
+    let bootstrap_addr = match &bootstrap {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
     let cfg = Arc::new(cfg);
     let engine = engine::Engine::new(cfg.clone());
     let scheduler = server::AbortOnDrop(tokio::spawn(engine.clone().run()));
     let shared = server::Shared::new(cfg, engine);
     let (tx, rx) = oneshot::channel();
-    let task = tokio::spawn(server::accept_loop(listener, shared.clone(), rx, scheduler));
+    let task = tokio::spawn(server::accept_loop(
+        listener,
+        bootstrap,
+        shared.clone(),
+        rx,
+        scheduler,
+    ));
     Ok(SimHandle {
         addr,
+        bootstrap_addr,
         shared,
         shutdown: Some(tx),
         task: Some(task),
@@ -278,6 +441,9 @@ pub async fn run_cli(args: SimArgs) -> io::Result<()> {
         handle.url()
     );
     eprintln!("engine-sim {} listening on {}", handle.id(), handle.url());
+    if let Some(b) = handle.bootstrap_addr() {
+        eprintln!("engine-sim {} bootstrap server on {b}", handle.id());
+    }
     tokio::signal::ctrl_c().await?;
     handle.stop().await;
     Ok(())

@@ -1,5 +1,7 @@
-//! HTTP/1.1 front end (hyper) with fault injection.
+//! HTTP/1.1 front end (hyper) with fault injection, and the HTTP side of the
+//! prefill/decode disaggregation protocols ([`crate::pd`]).
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,7 +23,8 @@ use crate::api::{self, Api, Meta, StreamFmt};
 use crate::decision;
 use crate::engine::{Engine, Ev, Submit, Usage};
 use crate::kvcache::{block_hashes, token_count};
-use crate::{Faults, SimConfig};
+use crate::pd::{self, DecodeReq, KvInfo, Plan, PrefillJob, Registry};
+use crate::{Faults, Role, SimConfig};
 
 /// Error that makes hyper drop the connection without (the rest of) a response.
 #[derive(Debug)]
@@ -45,6 +48,8 @@ pub(crate) struct Shared {
     pub cfg: Arc<SimConfig>,
     pub engine: Arc<Engine>,
     pub faults: RwLock<Faults>,
+    /// PD prefill: KV published for decode engines.
+    pub pd: Arc<Registry>,
     fault_draws: AtomicU64,
     ids: AtomicU64,
     id_header: HeaderValue,
@@ -63,6 +68,7 @@ impl Shared {
         let id_header = HeaderValue::from_str(&cfg.id).unwrap_or(HeaderValue::from_static("sim"));
         Arc::new(Shared {
             faults: RwLock::new(cfg.faults.clone()),
+            pd: Arc::new(Registry::new(&cfg)),
             cfg,
             engine,
             fault_draws: AtomicU64::new(0),
@@ -103,6 +109,7 @@ impl SseBody {
             Ev::Admitted { cached } => self.fmt.admitted(out, cached),
             Ev::Tokens { upto } => self.fmt.tokens(out, upto),
             Ev::Done(u) => self.fmt.done(out, &u),
+            Ev::Failed { status, message } => self.fmt.failed(out, status, &message),
         }
     }
 
@@ -235,12 +242,45 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, BoxError> {
     }
 }
 
+/// The PD endpoints under `/sim/pd/` ([`pd::endpoint`]).
+async fn pd_endpoint(
+    shared: &Shared,
+    rest: &str,
+    req: Request<Incoming>,
+) -> Result<Response<SimBody>, BoxError> {
+    let method = req.method().clone();
+    let query = req.uri().query().map(str::to_owned);
+    let body = read_body(req).await?;
+    let (status, v) = pd::endpoint(
+        &shared.cfg,
+        &shared.pd,
+        &method,
+        rest,
+        query.as_deref(),
+        &body,
+    )
+    .await;
+    Ok(json_response(status, &v))
+}
+
 async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
+    local: SocketAddr,
+    bootstrap_only: bool,
 ) -> Result<Response<SimBody>, BoxError> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
+    if bootstrap_only {
+        // The separate SGLang bootstrap port: its health check and the rooms.
+        if let Some(rest) = path.strip_prefix("/sim/pd/") {
+            return pd_endpoint(&shared, rest, req).await;
+        }
+        return Ok(match (method, path.as_str()) {
+            (Method::GET, "/health") => Response::new(SimBody::Full(Some(Bytes::from("OK")))),
+            _ => not_found(),
+        });
+    }
     if let Some(rest) = path.strip_prefix("/admin/") {
         return admin(&shared, method, rest, req).await;
     }
@@ -256,7 +296,10 @@ async fn handle(
                 &json!({"detail": "Method Not Allowed"}),
             ));
         }
-        return inference(&shared, api, req, faults).await;
+        return inference(&shared, api, req, faults, local).await;
+    }
+    if let Some(rest) = path.strip_prefix("/sim/pd/") {
+        return pd_endpoint(&shared, rest, req).await;
     }
     let resp = match (method, path.as_str()) {
         (Method::GET, "/health" | "/ping" | "/health_generate") => {
@@ -293,7 +336,11 @@ async fn handle(
                     "context_length": cfg.max_model_len, "page_size": cfg.block_size,
                     "max_running_requests": cfg.max_running,
                     "max_total_num_tokens": cfg.kv_blocks * cfg.block_size,
-                    "disaggregation_mode": "null", "dp_size": 1, "tp_size": 1,
+                    "disaggregation_mode": match cfg.role {
+                        Role::Integrated => "null",
+                        r => r.as_str(),
+                    },
+                    "dp_size": 1, "tp_size": 1,
                     "version": "0.5.0-engine-sim", "engine_id": cfg.id,
                     "internal_states": [{
                         "num_running_reqs": st.running, "num_waiting_reqs": st.waiting,
@@ -303,7 +350,8 @@ async fn handle(
             )
         }
         (Method::GET, "/metrics") => {
-            let mut r = Response::new(SimBody::Full(Some(shared.engine.render_metrics().into())));
+            let text = crate::metrics::render(cfg, &shared.engine.snapshot());
+            let mut r = Response::new(SimBody::Full(Some(text.into())));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -352,6 +400,7 @@ async fn inference(
     api: Api,
     req: Request<Incoming>,
     faults: Faults,
+    local: SocketAddr,
 ) -> Result<Response<SimBody>, BoxError> {
     let arrived = tokio::time::Instant::now();
     if faults.stall_ms > 0 {
@@ -395,6 +444,10 @@ async fn inference(
             "Injected server error (engine-sim error_rate fault)",
         ));
     }
+    let plan = match pd::plan(cfg, &parsed.pd) {
+        Ok(p) => p,
+        Err(e) => return Ok(error_response(Some(api), 400, &e)),
+    };
     let prompt_tokens = token_count(&parsed.prompt);
     // Decision mode: the answer is a target name; its length sets the output
     // (cut by max_tokens like a real model), x-sim-output-tokens is ignored.
@@ -415,10 +468,23 @@ async fn inference(
         (None, None, Some(n)) => (n, true),
         (None, None, None) => (cfg.default_output_tokens as u64, false),
     };
+    // A PD prefill produces the first token only (SGLang: FINISH_LENGTH(0);
+    // vLLM's proxy sends max_tokens 1).
+    let (output_tokens, length_limited) = if plan.is_prefill() {
+        (1, true)
+    } else {
+        (output_tokens, length_limited)
+    };
     let output_tokens = output_tokens.clamp(1, u32::MAX as u64 / 2) as usize;
     if prompt_tokens + output_tokens > cfg.max_model_len
         || shared.engine.blocks_needed(prompt_tokens, output_tokens) > cfg.kv_blocks
     {
+        if let Plan::SglPrefill { room } = plan {
+            // the decode waiting for this room fails now
+            shared
+                .pd
+                .fail(&pd::room_key(room), "the prefill rejected the request");
+        }
         return Ok(error_response(
             Some(api),
             400,
@@ -432,19 +498,8 @@ async fn inference(
         ));
     }
     let hashes = block_hashes(&parsed.prompt, cfg.block_size);
-    let seed = hashes
-        .first()
-        .copied()
-        .unwrap_or_else(|| xxhash_rust::xxh3::xxh3_64(&parsed.prompt));
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    shared.engine.submit(Submit {
-        hashes,
-        prompt_tokens: prompt_tokens as u32,
-        output_tokens: output_tokens as u32,
-        stream: parsed.stream,
-        length_limited,
-        tx,
-    });
+    let prompt_hash = xxhash_rust::xxh3::xxh3_64(&parsed.prompt);
+    let seed = hashes.first().copied().unwrap_or(prompt_hash);
     let n = shared.ids.fetch_add(1, Ordering::Relaxed);
     let tag = format!(
         "{:08x}{n:08x}",
@@ -455,6 +510,83 @@ async fn inference(
         Api::Completions => format!("cmpl-{tag}"),
         Api::Responses => format!("resp_{tag}"),
         Api::Messages => format!("msg_{tag}"),
+    };
+    // PD decode: the prompt's KV comes from the prefill engine first.
+    let mut remote_cached = None;
+    if matches!(plan, Plan::SglDecode { .. } | Plan::VllmDecode(_)) {
+        let req = DecodeReq {
+            rid: &id,
+            prompt_tokens: prompt_tokens as u32,
+            prompt_hash,
+            arrived: arrived.into_std(),
+        };
+        match pd::receive_kv(&shared.engine, cfg, &plan, req).await {
+            Ok(info) => remote_cached = Some(info.cached_tokens.min(prompt_tokens as u32)),
+            Err(msg) => return Ok(error_response(Some(api), 500, &msg)),
+        }
+    }
+    // PD prefill: the KV is handed over when the prefill finishes.
+    let mut kv_params = None;
+    let job = match &plan {
+        Plan::SglPrefill { room } => Some(PrefillJob {
+            key: pd::room_key(*room),
+            hold: shared.pd.next_hold(),
+            info: KvInfo {
+                engine_id: cfg.id.clone(),
+                prompt_tokens: prompt_tokens as u32,
+                cached_tokens: 0,
+                prompt_hash,
+                block_ids: Vec::new(),
+            },
+            what: format!("rid={id} bootstrap_room={room}"),
+        }),
+        Plan::VllmPrefill => {
+            let block_ids = shared.pd.block_ids(prompt_tokens.div_ceil(cfg.block_size));
+            kv_params = Some(json!({
+                "do_remote_prefill": true,
+                "do_remote_decode": false,
+                "remote_block_ids": block_ids,
+                "remote_engine_id": cfg.id,
+                "remote_request_id": id,
+                "remote_host": local.ip().to_string(),
+                "remote_port": local.port(),
+                "tp_size": 1,
+            }));
+            Some(PrefillJob {
+                key: pd::transfer_key(&id),
+                hold: shared.pd.next_hold(),
+                info: KvInfo {
+                    engine_id: cfg.id.clone(),
+                    prompt_tokens: prompt_tokens as u32,
+                    cached_tokens: 0,
+                    prompt_hash,
+                    block_ids,
+                },
+                what: id.clone(),
+            })
+        }
+        _ => None,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    shared.engine.submit(Submit {
+        hashes,
+        prompt_tokens: prompt_tokens as u32,
+        output_tokens: output_tokens as u32,
+        stream: parsed.stream,
+        length_limited,
+        hold: job.as_ref().map(|j| j.hold),
+        remote_cached,
+        tx,
+    });
+    let mut rx = match job {
+        Some(job) => pd::relay_prefill(
+            shared.engine.clone(),
+            shared.pd.clone(),
+            shared.cfg.clone(),
+            job,
+            rx,
+        ),
+        None => rx,
     };
     let meta = Meta {
         api,
@@ -494,9 +626,15 @@ async fn inference(
     }
     let mut usage: Option<Usage> = None;
     while let Some(ev) = rx.recv().await {
-        if let Ev::Done(u) = ev {
-            usage = Some(u);
-            break;
+        match ev {
+            Ev::Done(u) => {
+                usage = Some(u);
+                break;
+            }
+            Ev::Failed { status, message } => {
+                return Ok(error_response(Some(api), status, &message));
+            }
+            _ => {}
         }
     }
     let Some(usage) = usage else {
@@ -508,7 +646,11 @@ async fn inference(
     if faults.first_byte_delay_ms > 0 {
         tokio::time::sleep_until(first_byte_at).await;
     }
-    Ok(json_response(StatusCode::OK, &meta.full_response(&usage)))
+    let mut body = meta.full_response(&usage);
+    if let (Some(p), Some(o)) = (kv_params, body.as_object_mut()) {
+        o.insert("kv_transfer_params".into(), p);
+    }
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 /// While refusing, only connections whose request line targets /admin/ are
@@ -536,7 +678,7 @@ async fn is_admin_conn(stream: &TcpStream) -> bool {
     }
 }
 
-async fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
+async fn serve_conn(shared: Arc<Shared>, stream: TcpStream, bootstrap_only: bool) {
     if shared.faults.read().refuse && !is_admin_conn(&stream).await {
         // reset the connection
         let _ = stream.set_zero_linger();
@@ -544,12 +686,15 @@ async fn serve_conn(shared: Arc<Shared>, stream: TcpStream) {
         return;
     }
     let _ = stream.set_nodelay(true);
+    let local = stream
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
     let svc_shared = shared.clone();
     let svc = hyper::service::service_fn(move |req| {
         let shared = svc_shared.clone();
         async move {
             let id = shared.id_header.clone();
-            let mut r = handle(shared, req).await?;
+            let mut r = handle(shared, req, local, bootstrap_only).await?;
             r.headers_mut().insert("x-engine-id", id);
             Ok::<_, BoxError>(r)
         }
@@ -572,8 +717,16 @@ impl Drop for AbortOnDrop {
     }
 }
 
+async fn accept_opt(l: &Option<TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
 pub(crate) async fn accept_loop(
     listener: TcpListener,
+    bootstrap: Option<TcpListener>,
     shared: Arc<Shared>,
     mut shutdown: oneshot::Receiver<()>,
     scheduler: AbortOnDrop,
@@ -585,16 +738,26 @@ pub(crate) async fn accept_loop(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
-                    conns.spawn(serve_conn(shared.clone(), stream));
+                    conns.spawn(serve_conn(shared.clone(), stream, false));
                 }
                 Err(e) => {
                     log::warn!("engine-sim {}: accept failed: {e}", shared.cfg.id);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            r = accept_opt(&bootstrap) => match r {
+                Ok((stream, _)) => {
+                    conns.spawn(serve_conn(shared.clone(), stream, true));
+                }
+                Err(e) => {
+                    log::warn!("engine-sim {}: bootstrap accept failed: {e}", shared.cfg.id);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
         }
     }
     drop(listener);
+    drop(bootstrap);
     conns.shutdown().await;
     drop(scheduler);
 }
