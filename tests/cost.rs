@@ -141,3 +141,47 @@ async fn requests_queued_in_an_engine_by_someone_else_count() {
     drop(held);
     gw.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_metrics_in_sglang_names_are_read_too() {
+    let sim = engine_sim::spawn_local(engine_sim::SimConfig {
+        id: "sg1".into(),
+        model: "m".into(),
+        max_running: 1,
+        decode_step_ms: 50.0,
+        time_scale: 1.0,
+        metrics_flavor: engine_sim::MetricsFlavor::Sglang,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    engine_metrics: {{interval: 50ms}}\n{}",
+        sim_instances(std::slice::from_ref(&sim))
+    ));
+    let direct = reqwest::Client::new();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            direct
+                .post(format!("{}/v1/chat/completions", sim.url()))
+                .json(
+                    &serde_json::json!({"model": "m", "stream": true, "max_tokens": 400,
+                    "messages": [{"role": "user", "content": "busy"}]}),
+                )
+                .send()
+                .await
+                .unwrap(),
+        );
+    }
+    eventually(
+        "sglang:num_running_reqs / num_queue_reqs in /admin",
+        || async {
+            let v = gw.instances().await;
+            let e = &v["instances"][0]["engine"];
+            e["running"] == 1 && e["waiting"] == 1 && e["kv_usage"].as_f64().unwrap() > 0.0
+        },
+    )
+    .await;
+    drop(held);
+}
