@@ -60,6 +60,28 @@ impl Admin {
             }
         }
         for s in &rt.ordered {
+            if let Some(t) = &s.throttle {
+                m.throttle_queue
+                    .with_label_values(&[s.name.as_str()])
+                    .set(t.queued() as i64);
+                let lim = t.settings().limits;
+                for i in &s.instances {
+                    let l = i.load.snapshot();
+                    let id = i.id.as_str();
+                    for (phase, used, limit) in [
+                        ("prefill", l.waiting, lim.prefill),
+                        ("decode", l.inflight_requests.saturating_sub(l.waiting), 0),
+                        ("total", l.inflight_requests, lim.total),
+                    ] {
+                        m.slots_in_use
+                            .with_label_values(&[id, phase])
+                            .set(used as i64);
+                        m.slot_limit
+                            .with_label_values(&[id, phase])
+                            .set(limit as i64);
+                    }
+                }
+            }
             let n = [s.name.as_str()];
             let g = s.index.gauges();
             m.index_nodes.with_label_values(&n).set(g.nodes as i64);

@@ -21,6 +21,8 @@ pub enum GatewayError {
     #[error("{0}")]
     RequestTimeout(String),
     #[error("{0}")]
+    TooManyRequests(String),
+    #[error("{0}")]
     BadGateway(String),
     #[error("{0}")]
     Unavailable(String),
@@ -39,6 +41,7 @@ impl GatewayError {
             GatewayError::MethodNotAllowed(_) => 405,
             GatewayError::RequestTimeout(_) => 408,
             GatewayError::PayloadTooLarge(_) => 413,
+            GatewayError::TooManyRequests(_) => 429,
             GatewayError::BadGateway(_) => 502,
             GatewayError::Unavailable(_) => 503,
             GatewayError::GatewayTimeout(_) => 504,
@@ -55,6 +58,7 @@ impl GatewayError {
             | GatewayError::RequestTimeout(_) => "invalid_request_error",
             GatewayError::Unauthorized(_) => "authentication_error",
             GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => "not_found_error",
+            GatewayError::TooManyRequests(_) => "rate_limit_error",
             _ => "api_error",
         }
     }
@@ -69,6 +73,7 @@ impl GatewayError {
             GatewayError::MethodNotAllowed(_) => "method_not_allowed",
             GatewayError::RequestTimeout(_) => "request_timeout",
             GatewayError::PayloadTooLarge(_) => "request_too_large",
+            GatewayError::TooManyRequests(_) => "rate_limit_exceeded",
             GatewayError::BadGateway(_) => "upstream_error",
             GatewayError::Unavailable(_) => "no_healthy_upstream",
             GatewayError::GatewayTimeout(_) => "upstream_timeout",
@@ -85,6 +90,7 @@ impl GatewayError {
             GatewayError::Unauthorized(_) => "authentication_error",
             GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => "not_found_error",
             GatewayError::PayloadTooLarge(_) => "request_too_large",
+            GatewayError::TooManyRequests(_) => "rate_limit_error",
             GatewayError::Unavailable(_) => "overloaded_error",
             GatewayError::GatewayTimeout(_) => "timeout_error",
             _ => "api_error",

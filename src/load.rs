@@ -57,6 +57,49 @@ impl InstanceLoad {
 /// Anything that owns an [`InstanceLoad`] (the gateway's instance type).
 pub trait HasLoad: Send + Sync {
     fn load(&self) -> &InstanceLoad;
+    /// A throttling slot of this instance was released (a prefill ended, a request
+    /// finished): wake whoever waits for one.
+    fn released(&self) {}
+}
+
+/// Slot limits (throttling): requests in their prefill phase and requests in flight at all;
+/// 0 = no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub prefill: u64,
+    pub total: u64,
+}
+
+impl Limits {
+    pub fn none(self) -> bool {
+        self.prefill == 0 && self.total == 0
+    }
+}
+
+/// Slots counted over a whole service (throttling scope `service`).
+#[derive(Debug, Default)]
+pub struct SlotPool {
+    pub prefill: AtomicU64,
+    pub total: AtomicU64,
+}
+
+/// Adds 1 to `a` unless that would exceed `limit` (0 = no limit). Lock-free: concurrent
+/// callers never push it past the limit together.
+fn inc_within(a: &AtomicU64, limit: u64) -> bool {
+    if limit == 0 {
+        a.fetch_add(1, Relaxed);
+        return true;
+    }
+    let mut cur = a.load(Relaxed);
+    loop {
+        if cur >= limit {
+            return false;
+        }
+        match a.compare_exchange_weak(cur, cur + 1, Relaxed, Relaxed) {
+            Ok(_) => return true,
+            Err(now) => cur = now,
+        }
+    }
 }
 
 pub use tokengate_plugins::Outcome;
@@ -69,6 +112,8 @@ pub struct LoadGuard<I: HasLoad> {
     prefill_tokens: u64,
     waiting: bool,
     outcome: Option<Outcome>,
+    /// The service-wide slots this request also holds (throttling scope `service`).
+    pool: Option<Arc<SlotPool>>,
 }
 
 impl<I: HasLoad> LoadGuard<I> {
@@ -86,7 +131,51 @@ impl<I: HasLoad> LoadGuard<I> {
             prefill_tokens,
             waiting: true,
             outcome: None,
+            pool: None,
         }
+    }
+
+    /// Like [`acquire`](Self::acquire), but only within the instance's `limits` and, when
+    /// given, the service's `pool` limits: `None` (and nothing counted) when a slot is
+    /// missing. Concurrent callers never overshoot a limit.
+    pub fn try_acquire(
+        inst: Arc<I>,
+        tokens: u64,
+        prefill_tokens: u64,
+        limits: Limits,
+        pool: Option<(&Arc<SlotPool>, Limits)>,
+    ) -> Option<Self> {
+        let l = inst.load();
+        if !inc_within(&l.waiting, limits.prefill) {
+            return None;
+        }
+        if !inc_within(&l.inflight_requests, limits.total) {
+            l.waiting.fetch_sub(1, Relaxed);
+            return None;
+        }
+        if let Some((p, pl)) = pool {
+            if !inc_within(&p.prefill, pl.prefill) {
+                l.waiting.fetch_sub(1, Relaxed);
+                l.inflight_requests.fetch_sub(1, Relaxed);
+                return None;
+            }
+            if !inc_within(&p.total, pl.total) {
+                p.prefill.fetch_sub(1, Relaxed);
+                l.waiting.fetch_sub(1, Relaxed);
+                l.inflight_requests.fetch_sub(1, Relaxed);
+                return None;
+            }
+        }
+        l.inflight_tokens.fetch_add(tokens, Relaxed);
+        l.prefill_tokens.fetch_add(prefill_tokens, Relaxed);
+        Some(LoadGuard {
+            inst,
+            tokens,
+            prefill_tokens,
+            waiting: true,
+            outcome: None,
+            pool: pool.map(|(p, _)| p.clone()),
+        })
     }
 
     pub fn instance(&self) -> &Arc<I> {
@@ -99,6 +188,10 @@ impl<I: HasLoad> LoadGuard<I> {
             let l = self.inst.load();
             l.waiting.fetch_sub(1, Relaxed);
             l.prefill_tokens.fetch_sub(self.prefill_tokens, Relaxed);
+            if let Some(p) = &self.pool {
+                p.prefill.fetch_sub(1, Relaxed);
+            }
+            self.inst.released();
         }
     }
 
@@ -124,15 +217,22 @@ impl<I: HasLoad> Drop for LoadGuard<I> {
         if self.waiting {
             l.waiting.fetch_sub(1, Relaxed);
             l.prefill_tokens.fetch_sub(self.prefill_tokens, Relaxed);
+            if let Some(p) = &self.pool {
+                p.prefill.fetch_sub(1, Relaxed);
+            }
         }
         l.inflight_requests.fetch_sub(1, Relaxed);
         l.inflight_tokens.fetch_sub(self.tokens, Relaxed);
+        if let Some(p) = &self.pool {
+            p.total.fetch_sub(1, Relaxed);
+        }
         match self.outcome {
             Some(Outcome::Completed) => l.completed.fetch_add(1, Relaxed),
             Some(Outcome::Cancelled) => l.cancelled.fetch_add(1, Relaxed),
             // A guard dropped without an outcome was abandoned (task cancelled): an error.
             Some(Outcome::Failed) | None => l.errors.fetch_add(1, Relaxed),
         };
+        self.inst.released();
     }
 }
 
@@ -186,5 +286,67 @@ mod tests {
                 cancelled: 1,
             }
         );
+    }
+
+    #[test]
+    fn slots_are_never_overshot_and_always_returned() {
+        let i = Arc::new(I::default());
+        let pool = Arc::new(SlotPool::default());
+        let lim = Limits {
+            prefill: 2,
+            total: 3,
+        };
+        let mut a = LoadGuard::try_acquire(i.clone(), 10, 5, lim, None).unwrap();
+        let b = LoadGuard::try_acquire(i.clone(), 10, 5, lim, None).unwrap();
+        // Two in prefill: a third waits.
+        assert!(LoadGuard::try_acquire(i.clone(), 10, 5, lim, None).is_none());
+        a.first_token();
+        let c = LoadGuard::try_acquire(i.clone(), 10, 5, lim, None).unwrap();
+        // Three in flight: the total limit holds even with a free prefill slot.
+        let mut c = c;
+        c.first_token();
+        assert!(LoadGuard::try_acquire(i.clone(), 10, 5, lim, None).is_none());
+        drop((a, b, c));
+        assert_eq!(i.0.snapshot().inflight_requests, 0);
+        // A service pool of 1 prefill slot over two instances.
+        let j = Arc::new(I::default());
+        let pl = Limits {
+            prefill: 1,
+            total: 0,
+        };
+        let x =
+            LoadGuard::try_acquire(i.clone(), 1, 1, Limits::default(), Some((&pool, pl))).unwrap();
+        assert!(
+            LoadGuard::try_acquire(j.clone(), 1, 1, Limits::default(), Some((&pool, pl))).is_none()
+        );
+        assert_eq!(j.0.snapshot().inflight_requests, 0, "rolled back");
+        drop(x);
+        assert_eq!(pool.prefill.load(Relaxed), 0);
+        assert_eq!(pool.total.load(Relaxed), 0);
+        // Many threads racing for 4 prefill slots: never more than 4 at once.
+        let k = Arc::new(I::default());
+        let peak = Arc::new(AtomicU64::new(0));
+        let lim4 = Limits {
+            prefill: 4,
+            total: 0,
+        };
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (k, peak) = (k.clone(), peak.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..2000 {
+                        if let Some(g) = LoadGuard::try_acquire(k.clone(), 1, 1, lim4, None) {
+                            peak.fetch_max(k.0.snapshot().waiting, Relaxed);
+                            drop(g);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(peak.load(Relaxed) <= 4);
+        assert_eq!(k.0.snapshot().waiting, 0);
     }
 }

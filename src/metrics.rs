@@ -29,6 +29,13 @@ pub struct Metrics {
     pub learned_prefill_tps: prometheus::GaugeVec,
     pub learned_decode_step: prometheus::GaugeVec,
     pub decisions: IntCounterVec,
+    /// Throttling: requests waiting for a slot per service, their wait, refusals by reason,
+    /// slots in use and their limits per instance and phase.
+    pub throttle_queue: IntGaugeVec,
+    pub throttle_queue_wait: HistogramVec,
+    pub throttle_rejections: IntCounterVec,
+    pub slots_in_use: IntGaugeVec,
+    pub slot_limit: IntGaugeVec,
     /// Per service: estimated prompt tokens, the best match over all instances (ceiling) and
     /// the match on the chosen instance (predicted).
     pub prefix_tokens: IntCounterVec,
@@ -140,6 +147,47 @@ impl Metrics {
                 "Blocks removed from a service's prefix index because an engine reported fewer cached tokens than the index predicted (its cache evicted them), since start",
             ),
             &["service"],
+        )
+        .expect("metric");
+        let throttle_queue = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_throttle_queue_length",
+                "Requests waiting in a service's throttling queue for a slot",
+            ),
+            &["service"],
+        )
+        .expect("metric");
+        let throttle_queue_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "tokengate_throttle_queue_wait_seconds",
+                "Time requests spent in a service's throttling queue (until a slot, or the queue timeout)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["service"],
+        )
+        .expect("metric");
+        let throttle_rejections = IntCounterVec::new(
+            Opts::new(
+                "tokengate_throttle_rejections_total",
+                "Requests refused by throttling, by service and reason: limit (reject mode), queue_full, queue_timeout",
+            ),
+            &["service", "reason"],
+        )
+        .expect("metric");
+        let slots_in_use = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_slots_in_use",
+                "Throttling slots in use per instance of a throttled service and phase: prefill (dispatch to first token), decode (first token to completion), total",
+            ),
+            &["instance", "phase"],
+        )
+        .expect("metric");
+        let slot_limit = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_slot_limit",
+                "Throttling limit per instance and phase (services[].throttling; with scope service the pool is this × the instances)",
+            ),
+            &["instance", "phase"],
         )
         .expect("metric");
         let decisions = IntCounterVec::new(
@@ -263,6 +311,11 @@ impl Metrics {
             Box::new(learned_decode_step.clone()),
             Box::new(index_trimmed_blocks.clone()),
             Box::new(decisions.clone()),
+            Box::new(throttle_queue.clone()),
+            Box::new(throttle_queue_wait.clone()),
+            Box::new(throttle_rejections.clone()),
+            Box::new(slots_in_use.clone()),
+            Box::new(slot_limit.clone()),
             Box::new(prefix_tokens.clone()),
             Box::new(engine_tokens.clone()),
             Box::new(hit_ratio.clone()),
@@ -293,6 +346,11 @@ impl Metrics {
             learned_decode_step,
             index_trimmed_blocks,
             decisions,
+            throttle_queue,
+            throttle_queue_wait,
+            throttle_rejections,
+            slots_in_use,
+            slot_limit,
             prefix_tokens,
             engine_tokens,
             hit_ratio,

@@ -1,12 +1,15 @@
 //! Config → pipelines: the one place where the YAML scheduler settings become the pure
 //! pipelines of `tokengate-plugins` (filters, then a picker composed of stages or scorers).
 //!
+//! Every pipeline starts with the filters `Available → NotTried → HasFreeSlot` (healthy, not
+//! tried by this request, a free throttling slot):
+//!
 //! | config | pipeline |
 //! |---|---|
-//! | no `scheduler` | `Available → NotTried →` [`FirstHit`] with no stage (load balancing) |
-//! | `mode: layered` | `Available → NotTried →` [`FirstHit`]: [`AffinityStage`] → [`PrefixStage`] → balancing (by default `predicted-ttft`, with the prefix layer on and comparing predicted TTFTs) |
-//! | `mode: policy` (service) | `Available → NotTried →` [`WeightedSum`] of the plugins' scorers |
-//! | `route_by: policy` | the same over every target's instances, with `DecisionTarget` first when a `decision-service` plugin is listed |
+//! | no `scheduler` | filters → [`FirstHit`] with no stage (load balancing) |
+//! | `mode: layered` | filters → [`FirstHit`]: [`AffinityStage`] → [`PrefixStage`] → balancing (by default `predicted-ttft`, with the prefix layer on and comparing predicted TTFTs) |
+//! | `mode: policy` (service) | filters → [`WeightedSum`] of the plugins' scorers |
+//! | `route_by: policy` | the same over every target's instances, with `DecisionTarget` after the filters when a `decision-service` plugin is listed |
 //!
 //! Adding a scorer: write it in `plugins/` (a [`Scorer`]), add its variant to
 //! [`PluginSettings`] (its parameters are the variant's fields) and one arm to
@@ -23,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokengate_plugins::{
     AffinityStage, Available, CostModel, CostTolerance, DecisionTarget, Eligibility, Escape,
-    FirstHit, LbPolicy, LeastInflightScorer, LeastTokenScorer, Needs, NotTried, Pipeline,
-    PredictedTtftScorer, PrefixLayerConfig, PrefixScorer, PrefixStage, Scorer,
+    FirstHit, HasFreeSlot, LbPolicy, LeastInflightScorer, LeastTokenScorer, Needs, NotTried,
+    Pipeline, PredictedTtftScorer, PrefixLayerConfig, PrefixScorer, PrefixStage, Scorer,
     SessionAffinityScorer, SessionConfig, SessionKey, SessionTable, WeightedSum,
 };
 
@@ -162,9 +165,13 @@ fn sessions_for(
     old.clone()
 }
 
-/// The filters every scheduler starts with: available instances, not already tried.
+/// The filters every scheduler starts with: available instances, not already tried, with a
+/// free throttling slot.
 fn base(picker: impl tokengate_plugins::Picker + 'static) -> Pipeline {
-    Pipeline::new(picker).filter(Available).filter(NotTried)
+    Pipeline::new(picker)
+        .filter(Available)
+        .filter(NotTried)
+        .filter(HasFreeSlot)
 }
 
 /// The scheduler of `services[si]`. `prev` is the same service's scheduler before a reload,

@@ -6,7 +6,7 @@
 
 use crate::bigbody;
 use crate::error::GatewayError;
-use crate::request::{self, admit, complete, dispatch, plan, Ctx, Handoff};
+use crate::request::{self, admit, complete, dispatch, plan, slot, Ctx, Handoff};
 use crate::shared::Shared;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -33,17 +33,18 @@ impl Gateway {
         let Some(admitted) = admit::admit(session, ctx, rt).await? else {
             return Ok(true);
         };
-        let planned = plan::plan(
-            &self.shared,
-            &session.req_header().headers,
-            admitted,
-            ctx.start,
-            &ctx.request_id,
-        )
-        .await;
-        let (plan, body, leg) = match planned {
+        let planned = plan::plan(&self.shared, admitted, ctx.start, &ctx.request_id).await;
+        let (plan, body) = match planned {
             Ok(p) => p,
             Err(e) => return request::reject(session, ctx, e.status(), e).await,
+        };
+        // Admission to an instance: a throttling slot (reject, or wait in the queue).
+        let leg = match slot::take(&self.shared, slot::Asker::Client(session), &plan, &[]).await? {
+            Ok(leg) => leg,
+            Err(d) => {
+                ctx.api = Some(plan.api);
+                return request::reject_after(session, ctx, d.status, d.error, d.retry_after).await;
+            }
         };
         if session.as_ref().retry_buffer_truncated() {
             // Pingora cannot replay this body from its retry buffer: run the proxy pipeline
@@ -117,7 +118,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        dispatch::peer(&self.shared, session, ctx)
+        dispatch::peer(&self.shared, session, ctx).await
     }
 
     fn fail_to_connect(

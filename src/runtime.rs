@@ -8,9 +8,10 @@ use crate::config::{Config, ConfigErrors, RouteBy, Timeouts};
 use crate::decision::{DecisionSpec, Provider, TargetCriteria};
 use crate::engine_metrics::EngineSignals;
 use crate::health::Health;
-use crate::load::{HasLoad, InstanceLoad, LoadSnapshot};
+use crate::load::{HasLoad, InstanceLoad, Limits, LoadSnapshot};
 use crate::metrics::{Metrics, ServiceCounters};
 use crate::pipelines::{self, Scheduler};
+use crate::throttle::{Scope, Settings as ThrottleSettings, Throttle};
 use log::info;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -40,11 +41,20 @@ pub struct Instance {
     pub engine: Arc<EngineSignals>,
     /// How old a scrape may be and still count (3 intervals); `None` when not scraped.
     pub engine_max_age_ms: Option<u64>,
+    /// The service's throttle (a released slot wakes its queue).
+    pub throttle: Option<Arc<Throttle>>,
+    /// Instance-scope slot limits (zero: none).
+    pub limits: Limits,
 }
 
 impl HasLoad for Instance {
     fn load(&self) -> &InstanceLoad {
         &self.load
+    }
+    fn released(&self) {
+        if let Some(t) = &self.throttle {
+            t.kick();
+        }
     }
 }
 
@@ -65,6 +75,8 @@ impl Instance {
             engine: self
                 .engine_max_age_ms
                 .and_then(|age| self.engine.fresh(now_ms, age)),
+            full: (self.limits.prefill > 0 && s.waiting >= self.limits.prefill)
+                || (self.limits.total > 0 && s.inflight_requests >= self.limits.total),
         }
     }
 }
@@ -80,6 +92,8 @@ pub struct Service {
     /// them is inserted, whatever the scheduler (so the hit-rate ceiling is always known).
     pub index: Arc<PrefixIndex>,
     pub counters: ServiceCounters,
+    /// Request throttling, when configured (kept across reloads: its queue survives).
+    pub throttle: Option<Arc<Throttle>>,
 }
 
 impl Service {
@@ -292,6 +306,31 @@ impl Runtime {
         let mut services = HashMap::new();
         let mut ordered = Vec::new();
         for (si, s) in cfg.services.iter().enumerate() {
+            let prev_svc = prev.and_then(|p| p.services.get(&s.name));
+            let throttle = s.throttling.as_ref().map(|t| {
+                let settings = ThrottleSettings {
+                    overflow: t.overflow,
+                    scope: t.scope,
+                    limits: Limits {
+                        prefill: t.prefill,
+                        total: t.total,
+                    },
+                    max_queue: t.max_queue,
+                    queue_timeout: t.queue_timeout,
+                    retry_after: t.retry_after,
+                };
+                match prev_svc.and_then(|p| p.throttle.clone()) {
+                    Some(old) => {
+                        old.set(settings);
+                        old
+                    }
+                    None => Arc::new(Throttle::new(settings)),
+                }
+            });
+            let limits = match &throttle {
+                Some(t) if t.settings().scope == Scope::Instance => t.settings().limits,
+                _ => Limits::default(),
+            };
             let mut instances = Vec::with_capacity(s.instances.len());
             for (idx, i) in s.instances.iter().enumerate() {
                 let p = format!("services[{si}].instances[{idx}]");
@@ -325,9 +364,10 @@ impl Runtime {
                         .engine_metrics
                         .as_ref()
                         .map(|e| 3 * e.interval.as_millis() as u64),
+                    throttle: throttle.clone(),
+                    limits,
                 }));
             }
-            let prev_svc = prev.and_then(|p| p.services.get(&s.name));
             let index = match prev_svc {
                 Some(p) => {
                     if p.index.ttl_ms() != index_ttl_ms.div_ceil(1000) * 1000 {
@@ -358,6 +398,7 @@ impl Runtime {
                 sched,
                 index,
                 counters: metrics.service_counters(&s.name),
+                throttle,
             });
             services.insert(s.name.clone(), svc.clone());
             ordered.push(svc);
@@ -536,6 +577,12 @@ impl Runtime {
                     "inflight_tokens": l.inflight_tokens,
                     "waiting": l.waiting,
                     "queued_prefill_tokens": l.prefill_tokens,
+                    "slots": i.throttle.as_ref().map(|_| serde_json::json!({
+                        "prefill": l.waiting,
+                        "decode": l.inflight_requests.saturating_sub(l.waiting),
+                        "total": l.inflight_requests,
+                        "limits": {"prefill": i.limits.prefill, "total": i.limits.total},
+                    })),
                     "decoding": l.inflight_requests.saturating_sub(l.waiting),
                     "completed": l.completed,
                     "errors": l.errors,
@@ -562,6 +609,26 @@ impl Runtime {
                 })
             })
             .collect();
+        let throttles: Vec<serde_json::Value> = self
+            .ordered
+            .iter()
+            .filter_map(|s| {
+                let t = s.throttle.as_ref()?;
+                let st = t.settings();
+                Some(serde_json::json!({
+                    "service": s.name,
+                    "overflow": format!("{:?}", st.overflow).to_lowercase(),
+                    "scope": format!("{:?}", st.scope).to_lowercase(),
+                    "limits": {"prefill": st.limits.prefill, "total": st.limits.total},
+                    "queued": t.queued(),
+                    "max_queue": st.max_queue,
+                    "service_slots_in_use": {
+                        "prefill": t.pool.prefill.load(std::sync::atomic::Ordering::Relaxed),
+                        "total": t.pool.total.load(std::sync::atomic::Ordering::Relaxed),
+                    },
+                }))
+            })
+            .collect();
         let indexes: Vec<serde_json::Value> = self
             .ordered
             .iter()
@@ -578,7 +645,12 @@ impl Runtime {
                 })
             })
             .collect();
-        serde_json::json!({ "instances": list, "schedulers": schedulers, "prefix_indexes": indexes })
+        serde_json::json!({
+            "instances": list,
+            "schedulers": schedulers,
+            "prefix_indexes": indexes,
+            "throttles": throttles,
+        })
     }
 
     /// OpenAI-shaped model list for `GET /v1/models`: services, then routes.

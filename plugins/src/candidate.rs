@@ -51,6 +51,8 @@ pub struct Candidate {
     pub prefill_tokens: u64,
     /// What the engine itself reports (its `/metrics`), when the gateway scrapes it.
     pub engine: Option<EngineLoad>,
+    /// Every throttling slot of the instance is taken (instance-scope limits).
+    pub full: bool,
 }
 
 /// An engine's own load figures, scraped from its Prometheus metrics.
@@ -77,6 +79,7 @@ impl Default for Candidate {
             waiting: 0,
             prefill_tokens: 0,
             engine: None,
+            full: false,
         }
     }
 }

@@ -6,6 +6,7 @@
 //!   named one that still has a candidate; otherwise keeps everything (it abstains)
 //!   (`decision`).
 //! * [`RoleIs`] — keeps the instances of one prefill/decode role (`role`).
+//! * [`HasFreeSlot`] — drops instances whose throttling slots are all taken (`throttled`).
 
 use crate::candidate::{Candidate, Needs, RequestView, Role};
 use crate::pipeline::Filter;
@@ -95,6 +96,24 @@ impl Filter for RoleIs {
     }
 }
 
+/// Drops instances at their throttling limits ([`Candidate::full`]): with instance-scope
+/// throttling only instances with a free slot are candidates.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HasFreeSlot;
+
+impl Filter for HasFreeSlot {
+    fn name(&self) -> &'static str {
+        "throttled"
+    }
+    fn apply(&self, _req: &RequestView<'_>, cands: &[Candidate], keep: &mut [bool]) {
+        for (k, c) in keep.iter_mut().zip(cands) {
+            if c.full {
+                *k = false;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +172,16 @@ mod tests {
         let mut keep = vec![true, true, false, false];
         DecisionTarget.apply(&named(1), &cs, &mut keep);
         assert_eq!(keep, [true, true, false, false]);
+    }
+
+    #[test]
+    fn full_instances_are_not_candidates() {
+        let mut cs = cands();
+        cs[2].full = true;
+        assert_eq!(
+            run(&HasFreeSlot, &RequestView::default(), &cs),
+            [true, true, false, true]
+        );
     }
 
     #[test]

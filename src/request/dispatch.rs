@@ -13,7 +13,7 @@
 //!   first SSE event carrying output, or the end of a non-stream body) ends the leg's prefill
 //!   phase and gives the TTFT; the usage is read from the JSON body or the SSE events.
 
-use super::{complete, plan, Ctx, LegRole, Plan};
+use super::{complete, slot, Ctx, LegRole, Plan};
 use crate::api;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -50,17 +50,17 @@ pub fn can_retry(ctx: &Ctx) -> bool {
 
 /// `upstream_peer`: dispatches the main leg (picking it again on a retry) and returns its
 /// peer.
-pub fn peer(shared: &Shared, session: &Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+pub async fn peer(shared: &Shared, session: &Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
     // The plan is taken out for the attempt (no copy) and put back below.
     let Some(plan) = ctx.plan.take() else {
         return Err(Error::explain(ErrorType::InternalError, "no plan"));
     };
-    let r = dispatch_main(shared, session, ctx, &plan);
+    let r = dispatch_main(shared, session, ctx, &plan).await;
     ctx.plan = Some(plan);
     r
 }
 
-fn dispatch_main(
+async fn dispatch_main(
     shared: &Shared,
     session: &Session,
     ctx: &mut Ctx,
@@ -81,7 +81,13 @@ fn dispatch_main(
                 plan.dest.name()
             ))));
         }
-        let leg = plan::pick(plan, &session.req_header().headers, &ctx.tried).map_err(gw_err)?;
+        // A retry re-takes a slot (the failed attempt gave its slot back), waiting in the
+        // queue in queue mode.
+        let asker = slot::Asker::Headers(&session.req_header().headers);
+        let leg = match slot::take(shared, asker, plan, &ctx.tried).await? {
+            Ok(leg) => leg,
+            Err(d) => return Err(gw_err(d.error)),
+        };
         ctx.legs.push(leg);
     }
     let Some(li) = ctx.legs.iter().position(|l| l.role == LegRole::Main) else {

@@ -16,6 +16,7 @@ pub mod admit;
 pub mod complete;
 pub mod dispatch;
 pub mod plan;
+pub mod slot;
 
 use crate::api::{Api, RequestInfo};
 use crate::load::LoadGuard;
@@ -251,7 +252,22 @@ pub async fn respond(
     body: Vec<u8>,
     request_id: &str,
 ) -> Result<()> {
-    let mut h = ResponseHeader::build(status, Some(4))?;
+    respond_with(session, status, content_type, body, request_id, None).await
+}
+
+async fn respond_with(
+    session: &mut Session,
+    status: u16,
+    content_type: &str,
+    body: Vec<u8>,
+    request_id: &str,
+    retry_after: Option<Duration>,
+) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(5))?;
+    if let Some(r) = retry_after {
+        let secs = r.as_secs() + u64::from(r.subsec_nanos() > 0);
+        h.insert_header("retry-after", secs.max(1).to_string())?;
+    }
     h.insert_header("content-type", content_type)?;
     h.insert_header("content-length", body.len().to_string())?;
     if !request_id.is_empty() {
@@ -274,18 +290,30 @@ pub async fn reject(
     status: u16,
     e: crate::error::GatewayError,
 ) -> Result<bool> {
+    reject_after(session, ctx, status, e, None).await
+}
+
+/// [`reject`] with a `Retry-After` header (seconds, rounded up).
+pub async fn reject_after(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    status: u16,
+    e: crate::error::GatewayError,
+    retry_after: Option<Duration>,
+) -> Result<bool> {
     ctx.local_status = Some(status);
     ctx.local_error = Some(e.to_string());
     // A request whose body we did not read cannot leave the connection reusable.
     if !session.is_body_done() {
         session.set_keepalive(None);
     }
-    respond(
+    respond_with(
         session,
         status,
         "application/json",
         e.body(ctx.anthropic()),
         &ctx.request_id,
+        retry_after,
     )
     .await?;
     Ok(true)

@@ -13,10 +13,12 @@ use super::{ChosenBy, Leg, LegRole, Plan, PrefixFigures};
 use crate::api::{self, RequestInfo};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
+use crate::load::Limits;
 use crate::load::LoadGuard;
 use crate::pipelines::Scheduler;
 use crate::runtime::{Dest, Instance, Route, RouteMode, Service};
 use crate::shared::Shared;
+use crate::throttle::{Scope, Throttle};
 use bytes::Bytes;
 use log::debug;
 use std::borrow::Cow;
@@ -31,16 +33,25 @@ thread_local! {
     static RNG: RefCell<SmallRng> = RefCell::new(SmallRng::from_entropy());
 }
 
+/// Why no leg could be picked.
+pub enum PickError {
+    /// No available instance (or none left untried).
+    Unavailable(GatewayError),
+    /// Instances are available but their throttling slots are taken: the caller rejects or
+    /// queues (see [`super::slot`]).
+    Throttled(Arc<Throttle>),
+}
+
 /// Plans an admitted request: resolves it, prepares its body, asks the decision service
-/// when the route uses one, and picks the main leg. Returns the plan, the upstream body
-/// and the leg, or the error to answer with.
+/// when the route uses one, and cuts the prompt into blocks. Returns the plan and the
+/// upstream body, or the error to answer with; the main leg is picked next
+/// ([`pick`], through [`super::slot`] which applies throttling).
 pub async fn plan(
     shared: &Shared,
-    headers: &http::HeaderMap,
     a: Admitted,
     start: Instant,
     request_id: &str,
-) -> Result<(Plan, Bytes, Leg), GatewayError> {
+) -> Result<(Plan, Bytes), GatewayError> {
     let Admitted {
         api,
         runtime: rt,
@@ -86,23 +97,22 @@ pub async fn plan(
         blocks,
         strip_usage,
     };
-    let leg = pick(&plan, headers, &[])?;
-    Ok((plan, upstream_body, leg))
+    Ok((plan, upstream_body))
 }
 
 /// Picks the main leg: an instance of the plan's destination not in `tried`, with its load
-/// guard taken.
+/// guard — and its throttling slot — taken.
 pub fn pick(
     plan: &Plan,
     headers: &http::HeaderMap,
     tried: &[InstanceKey],
-) -> Result<Leg, GatewayError> {
+) -> Result<Leg, PickError> {
     let none = || {
-        GatewayError::Unavailable(format!(
+        PickError::Unavailable(GatewayError::Unavailable(format!(
             "no instance of {:?} is available ({} tried)",
             plan.dest.name(),
             tried.len()
-        ))
+        )))
     };
     let ask = Ask {
         plan,
@@ -111,13 +121,13 @@ pub fn pick(
         now: now_ms(),
     };
     match &plan.dest {
-        Dest::Service(s) => ask.in_service(s).ok_or_else(none),
+        Dest::Service(s) => ask.in_service(s)?.ok_or_else(none),
         Dest::Route(r) => match &r.mode {
             RouteMode::Targets { by, wrr } => {
                 let t = wrr
                     .pick(|t| r.targets[t].has_untried(tried))
                     .ok_or_else(none)?;
-                let mut leg = ask.in_service(&r.targets[t]).ok_or_else(none)?;
+                let mut leg = ask.in_service(&r.targets[t])?.ok_or_else(none)?;
                 leg.reason = Cow::Owned(format!(
                     "{}({})+{}",
                     by.as_str(),
@@ -126,7 +136,7 @@ pub fn pick(
                 ));
                 Ok(leg)
             }
-            RouteMode::Policy(sched) => ask.across_route(r, sched).ok_or_else(none),
+            RouteMode::Policy(sched) => ask.across_route(r, sched)?.ok_or_else(none),
         },
     }
 }
@@ -180,7 +190,8 @@ impl Ask<'_> {
         })
     }
 
-    /// The leg for the picked candidate, holding its load guard.
+    /// The leg for the picked candidate, holding its load guard and throttling slot (`None`
+    /// when the slot was taken meanwhile by a concurrent request).
     fn leg(
         &self,
         service: &Arc<Service>,
@@ -188,7 +199,7 @@ impl Ask<'_> {
         by: ChosenBy,
         cand: Candidate,
         p: Picked,
-    ) -> Leg {
+    ) -> Option<Leg> {
         // The prefill work this request brings to the instance: its prompt minus the prefix
         // the index says the instance holds.
         let bt = self.plan.runtime.block_tokens as u64;
@@ -197,7 +208,39 @@ impl Ask<'_> {
             .info
             .prompt_tokens_est
             .saturating_sub(u64::from(p.d.matched_blocks) * bt);
-        Leg {
+        let tokens = self.plan.info.expected_tokens();
+        let guard = match &service.throttle {
+            None => LoadGuard::acquire(inst.clone(), tokens, uncached),
+            Some(t) => {
+                let st = t.settings();
+                match st.scope {
+                    Scope::Instance => {
+                        LoadGuard::try_acquire(inst.clone(), tokens, uncached, st.limits, None)?
+                    }
+                    Scope::Service => {
+                        // The service's pool: the per-instance limits × its available instances.
+                        let n = service
+                            .instances
+                            .iter()
+                            .filter(|i| i.health.available(self.now))
+                            .count()
+                            .max(1) as u64;
+                        let pool = Limits {
+                            prefill: st.limits.prefill * n,
+                            total: st.limits.total * n,
+                        };
+                        LoadGuard::try_acquire(
+                            inst.clone(),
+                            tokens,
+                            uncached,
+                            Limits::default(),
+                            Some((&t.pool, pool)),
+                        )?
+                    }
+                }
+            }
+        };
+        Some(Leg {
             role: LegRole::Main,
             service: service.clone(),
             instance: inst.clone(),
@@ -211,33 +254,56 @@ impl Ask<'_> {
                 best: p.d.best_matched_blocks,
             },
             explain: p.explain,
-            guard: LoadGuard::acquire(inst.clone(), self.plan.info.expected_tokens(), uncached),
+            guard,
             queued_ahead: cand.prefill_tokens,
             uncached_tokens: uncached,
             dispatched: None,
             dispatched_ms: 0,
+        })
+    }
+
+    /// No decision, or a slot lost to a concurrent request: throttled when some available,
+    /// untried candidate is only missing a slot (or the service pool is full).
+    fn throttled(&self, services: &[Arc<Service>], cands: &[Candidate]) -> Option<PickError> {
+        let t = services.iter().find_map(|s| s.throttle.clone())?;
+        let waiting_for_slot = cands
+            .iter()
+            .any(|c| c.available && !self.tried.contains(&c.key));
+        waiting_for_slot.then_some(PickError::Throttled(t))
+    }
+
+    /// `Ok(None)`: nothing available.
+    fn in_service(&self, svc: &Arc<Service>) -> Result<Option<Leg>, PickError> {
+        let cands = svc.candidates(self.now);
+        let m = svc.index.match_prefix(&self.plan.blocks, self.now);
+        let services = std::slice::from_ref(svc);
+        let Some(p) = self.run(&svc.sched, &cands, &m, |i| svc.instances[i].id.clone()) else {
+            return self.throttled(services, &cands).map_or(Ok(None), Err);
+        };
+        let cand = cands[p.d.pos];
+        let inst = &svc.instances[cand.idx];
+        match self.leg(svc, inst, ChosenBy::Service(svc.clone()), cand, p) {
+            Some(l) => Ok(Some(l)),
+            None => self.throttled(services, &cands).map_or(Ok(None), Err),
         }
     }
 
-    fn in_service(&self, svc: &Arc<Service>) -> Option<Leg> {
-        let cands = svc.candidates(self.now);
-        let m = svc.index.match_prefix(&self.plan.blocks, self.now);
-        let p = self.run(&svc.sched, &cands, &m, |i| svc.instances[i].id.clone())?;
-        let cand = cands[p.d.pos];
-        let inst = &svc.instances[cand.idx];
-        Some(self.leg(svc, inst, ChosenBy::Service(svc.clone()), cand, p))
-    }
-
-    fn across_route(&self, r: &Arc<Route>, sched: &Scheduler) -> Option<Leg> {
+    fn across_route(&self, r: &Arc<Route>, sched: &Scheduler) -> Result<Option<Leg>, PickError> {
         let cands = r.candidates(self.now);
         let m = r.match_prefix(&self.plan.blocks, self.now);
-        let p = self.run(sched, &cands, &m, |i| {
+        let Some(p) = self.run(sched, &cands, &m, |i| {
             r.flat(i).map_or(String::new(), |(_, x)| x.id.clone())
-        })?;
+        }) else {
+            return self.throttled(&r.targets, &cands).map_or(Ok(None), Err);
+        };
         let cand = cands[p.d.pos];
-        let (t, inst) = r.flat(cand.idx)?;
+        let Some((t, inst)) = r.flat(cand.idx) else {
+            return Ok(None);
+        };
         let svc = r.targets[t].clone();
-        let mut l = self.leg(&svc, inst, ChosenBy::Route(r.clone()), cand, p);
+        let Some(mut l) = self.leg(&svc, inst, ChosenBy::Route(r.clone()), cand, p) else {
+            return self.throttled(&r.targets, &cands).map_or(Ok(None), Err);
+        };
         if r.asks_decision() {
             // Say what the decision service answered, and whether its target was kept.
             let named = self
@@ -251,7 +317,7 @@ impl Ask<'_> {
                 None => format!("decision(abstain)+{}", l.reason),
             });
         }
-        Some(l)
+        Ok(Some(l))
     }
 }
 

@@ -1,0 +1,205 @@
+//! Admission of a planned request to an instance: taking a throttling slot ([`crate::throttle`]).
+//!
+//! The plan's pipeline picks among instances with a free slot and the leg takes the slot
+//! atomically ([`super::plan::pick`]). When every available instance is at its limits (or the
+//! service pool is full), the service's `overflow` decides: `reject` refuses at once (429 with
+//! `Retry-After`), `queue` waits in the service's FIFO queue — only its head tries for a slot,
+//! woken when one is released; a new request queues behind waiting ones — until it gets a
+//! slot (the pipeline then picks among the instances with a free slot, so affinity and prefix
+//! still apply), the queue is full (429), `queue_timeout` passes (503) or the client hangs up
+//! (the waiter leaves the queue; nothing was counted). A refusal may overflow to another
+//! region's gateway ([`super::global`]).
+
+use super::plan::{self, PickError};
+use super::{Leg, Plan};
+use crate::error::GatewayError;
+use crate::runtime::Dest;
+use crate::shared::Shared;
+use crate::throttle::{Overflow, Refusal, Throttle};
+use pingora::prelude::*;
+use pingora::proxy::Session;
+use std::time::{Duration, Instant};
+use tokengate_plugins::InstanceKey;
+
+/// A waiter at the head of the queue checks again this often even without a wake-up (an
+/// instance that became healthy, limits raised by a reload).
+const RECHECK: Duration = Duration::from_millis(250);
+
+/// Why a request got no slot, and how to answer it.
+pub struct Denied {
+    pub error: GatewayError,
+    /// 429 (limits, queue full) or 503 (queue timeout, nothing available).
+    pub status: u16,
+    pub retry_after: Option<Duration>,
+    /// Local instances cannot take it (a refusal or nothing available): another region may.
+    pub overflow: bool,
+}
+
+impl Denied {
+    fn unavailable(e: GatewayError) -> Denied {
+        Denied {
+            status: e.status(),
+            error: e,
+            retry_after: None,
+            overflow: true,
+        }
+    }
+
+    fn refused(shared: &Shared, t: &Throttle, service: &str, r: Refusal) -> Denied {
+        let st = t.settings();
+        shared
+            .metrics
+            .throttle_rejections
+            .with_label_values(&[service, r.label()])
+            .inc();
+        let (status, msg, overflow) = match r {
+            Refusal::Limit => (
+                429,
+                format!(
+                    "every instance of {service:?} is at its throttling limits (services[].throttling); retry later"
+                ),
+                true,
+            ),
+            Refusal::QueueFull => (
+                429,
+                format!(
+                    "the queue of {service:?} is full ({} requests waiting, throttling.max_queue); retry later",
+                    st.max_queue
+                ),
+                true,
+            ),
+            Refusal::QueueTimeout => (
+                503,
+                format!(
+                    "no slot of {service:?} freed within throttling.queue_timeout ({})",
+                    humantime::format_duration(st.queue_timeout)
+                ),
+                false,
+            ),
+        };
+        let error = if status == 429 {
+            GatewayError::TooManyRequests(msg)
+        } else {
+            GatewayError::Unavailable(msg)
+        };
+        Denied {
+            error,
+            status,
+            retry_after: (status == 429).then_some(st.retry_after),
+            overflow,
+        }
+    }
+}
+
+fn service_of(plan: &Plan) -> &str {
+    match &plan.dest {
+        Dest::Service(s) => &s.name,
+        Dest::Route(r) => &r.name,
+    }
+}
+
+/// Who asks: the client's session (watched while queued: a client that hangs up leaves the
+/// queue), or only its headers (a retry inside the proxy, not watched).
+pub enum Asker<'a> {
+    Client(&'a mut Session),
+    Headers(&'a http::HeaderMap),
+}
+
+impl Asker<'_> {
+    fn headers(&self) -> &http::HeaderMap {
+        match self {
+            Asker::Client(s) => &s.req_header().headers,
+            Asker::Headers(h) => h,
+        }
+    }
+}
+
+/// Takes a slot for the plan's main leg (see the module documentation). `Err` only when the
+/// client left while queued.
+pub async fn take(
+    shared: &Shared,
+    mut asker: Asker<'_>,
+    plan: &Plan,
+    tried: &[InstanceKey],
+) -> Result<Result<Leg, Denied>> {
+    // FIFO: while requests wait for this service, a newcomer queues behind them.
+    let waiting = match &plan.dest {
+        Dest::Service(s) => s
+            .throttle
+            .clone()
+            .filter(|t| t.settings().overflow == Overflow::Queue && t.queued() > 0),
+        Dest::Route(_) => None,
+    };
+    let throttle = match waiting {
+        Some(t) => t,
+        None => match plan::pick(plan, asker.headers(), tried) {
+            Ok(leg) => return Ok(Ok(leg)),
+            Err(PickError::Unavailable(e)) => return Ok(Err(Denied::unavailable(e))),
+            Err(PickError::Throttled(t)) => t,
+        },
+    };
+    let service = service_of(plan).to_string();
+    let st = throttle.settings();
+    if st.overflow == Overflow::Reject {
+        return Ok(Err(Denied::refused(
+            shared,
+            &throttle,
+            &service,
+            Refusal::Limit,
+        )));
+    }
+    let ticket = match throttle.enqueue() {
+        Ok(t) => t,
+        Err(r) => return Ok(Err(Denied::refused(shared, &throttle, &service, r))),
+    };
+    let queued_at = Instant::now();
+    let deadline = tokio::time::Instant::now() + st.queue_timeout;
+    let wait = &shared.metrics.throttle_queue_wait;
+    let mut watch = matches!(asker, Asker::Client(_));
+    loop {
+        if ticket.is_head() {
+            match plan::pick(plan, asker.headers(), tried) {
+                Ok(leg) => {
+                    wait.with_label_values(&[&service])
+                        .observe(queued_at.elapsed().as_secs_f64());
+                    return Ok(Ok(leg)); // leaving the queue wakes the next waiter
+                }
+                Err(PickError::Unavailable(e)) => return Ok(Err(Denied::unavailable(e))),
+                Err(PickError::Throttled(_)) => {}
+            }
+        }
+        let gone = async {
+            match &mut asker {
+                Asker::Client(s) if watch => {
+                    s.downstream_session.read_body_or_idle(true).await.is_err()
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = ticket.woken() => {}
+            _ = tokio::time::sleep(RECHECK) => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                wait.with_label_values(&[&service])
+                    .observe(queued_at.elapsed().as_secs_f64());
+                return Ok(Err(Denied::refused(
+                    shared,
+                    &throttle,
+                    &service,
+                    Refusal::QueueTimeout,
+                )));
+            }
+            left = gone => {
+                if left {
+                    return Err(Error::explain(
+                        ErrorType::ConnectionClosed,
+                        "client closed the connection while queued for a slot",
+                    )
+                    .into_down());
+                }
+                // Unexpected bytes after the body (pipelining): stop watching.
+                watch = false;
+            }
+        }
+    }
+}

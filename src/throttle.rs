@@ -1,0 +1,242 @@
+//! Request throttling: slot limits per instance or per service, and the FIFO queue of the
+//! requests that wait for a slot.
+//!
+//! Slots (0 = no limit):
+//! * `prefill` — requests from dispatch to their first token (queueing in the engine plus
+//!   prefill). Integrated instances and prefill nodes.
+//! * `total` — requests from dispatch to completion. Integrated instances only.
+//! * `decode` — requests from their first token to completion; decode nodes of a
+//!   prefill/decode-disaggregated service only.
+//!
+//! Scopes: `instance` — each instance is checked alone; only instances under their limits are
+//! candidates (the pipelines' `HasFreeSlot` filter), and taking the slot is an atomic
+//! check-and-increment on the instance's counters, so concurrent requests never overshoot.
+//! `service` — the combined load of the service's instances is checked against the limit ×
+//! the number of instances (a pool); the scheduler then picks among all of them.
+//!
+//! Overflow: `reject` answers 429 at once (`Retry-After`); `queue` waits in FIFO order: only
+//! the head of the queue tries to take a slot, a released slot wakes the head, a head that
+//! got its slot wakes the next. The queue belongs to the service name and survives a config
+//! reload. A waiter that leaves (client gone, timeout) takes itself out of the queue.
+
+use crate::load::{Limits, SlotPool};
+use parking_lot::{Mutex, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// What happens to a request when no slot is free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overflow {
+    /// 429 at once.
+    #[default]
+    Reject,
+    /// Wait in a FIFO queue.
+    Queue,
+}
+
+/// Where the limits are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    #[default]
+    Instance,
+    Service,
+}
+
+/// A service's throttling settings (resolved).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub overflow: Overflow,
+    pub scope: Scope,
+    /// Per-instance limits.
+    pub limits: Limits,
+    pub max_queue: usize,
+    pub queue_timeout: Duration,
+    pub retry_after: Duration,
+}
+
+/// One service's throttle: its settings, its service-wide slot pool and its queue. Kept
+/// across reloads (by service name).
+#[derive(Debug)]
+pub struct Throttle {
+    settings: RwLock<Settings>,
+    pub pool: Arc<SlotPool>,
+    queue: Mutex<VecDeque<Waiter>>,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+/// Why a request did not get a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No slot free and `overflow: reject` (or a retry with none free).
+    Limit,
+    /// The queue already holds `max_queue` requests.
+    QueueFull,
+    /// Waited `queue_timeout`.
+    QueueTimeout,
+}
+
+impl Refusal {
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Limit => "limit",
+            Refusal::QueueFull => "queue_full",
+            Refusal::QueueTimeout => "queue_timeout",
+        }
+    }
+}
+
+impl Throttle {
+    pub fn new(settings: Settings) -> Self {
+        Throttle {
+            settings: RwLock::new(settings),
+            pool: Arc::new(SlotPool::default()),
+            queue: Mutex::new(VecDeque::new()),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.settings.read().clone()
+    }
+
+    /// New settings (a reload); the queue and the slots in use stay.
+    pub fn set(&self, s: Settings) {
+        *self.settings.write() = s;
+        self.kick();
+    }
+
+    /// Requests waiting in the queue.
+    pub fn queued(&self) -> usize {
+        self.queue.lock().len()
+    }
+
+    /// A slot was released: wake the head of the queue (it tries to take one).
+    pub fn kick(&self) {
+        if let Some(w) = self.queue.lock().front() {
+            w.wake.notify_one();
+        }
+    }
+
+    /// Joins the queue, unless it holds `max_queue` requests already.
+    pub fn enqueue(self: &Arc<Self>) -> Result<Ticket, Refusal> {
+        let max = self.settings.read().max_queue;
+        let mut q = self.queue.lock();
+        if q.len() >= max {
+            return Err(Refusal::QueueFull);
+        }
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let wake = Arc::new(Notify::new());
+        q.push_back(Waiter {
+            id,
+            wake: wake.clone(),
+        });
+        Ok(Ticket {
+            throttle: self.clone(),
+            id,
+            wake,
+        })
+    }
+}
+
+/// A place in a service's queue; leaving it (drop) wakes the next waiter.
+#[derive(Debug)]
+pub struct Ticket {
+    throttle: Arc<Throttle>,
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+impl Ticket {
+    /// Whether this waiter is the head of the queue (the one that may take a slot).
+    pub fn is_head(&self) -> bool {
+        self.throttle
+            .queue
+            .lock()
+            .front()
+            .is_some_and(|w| w.id == self.id)
+    }
+
+    /// Woken: a slot was released while this waiter was the head (or the head left).
+    pub async fn woken(&self) {
+        self.wake.notified().await
+    }
+
+    /// 1-based position in the queue.
+    pub fn position(&self) -> usize {
+        self.throttle
+            .queue
+            .lock()
+            .iter()
+            .position(|w| w.id == self.id)
+            .map_or(0, |p| p + 1)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut q = self.throttle.queue.lock();
+        if let Some(p) = q.iter().position(|w| w.id == self.id) {
+            q.remove(p);
+        }
+        // The next head tries for a slot: a free one (the one this waiter got is taken, but
+        // more may be free), or it waits for the next release.
+        if let Some(w) = q.front() {
+            w.wake.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(max_queue: usize) -> Settings {
+        Settings {
+            overflow: Overflow::Queue,
+            scope: Scope::Instance,
+            limits: Limits {
+                prefill: 1,
+                total: 0,
+            },
+            max_queue,
+            queue_timeout: Duration::from_secs(1),
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn fifo_with_a_bound_and_clean_leaving() {
+        let t = Arc::new(Throttle::new(settings(2)));
+        let a = t.enqueue().unwrap();
+        let b = t.enqueue().unwrap();
+        assert_eq!(t.enqueue().unwrap_err(), Refusal::QueueFull);
+        assert!(a.is_head() && !b.is_head());
+        assert_eq!((a.position(), b.position()), (1, 2));
+        // A release wakes the head (the permit is kept until it waits).
+        t.kick();
+        a.woken().await;
+        // The head leaves: b becomes the head and is woken.
+        drop(a);
+        assert!(b.is_head());
+        b.woken().await;
+        // A waiter in the middle that leaves (client gone) frees its place.
+        let c = t.enqueue().unwrap();
+        let d = t.enqueue().unwrap_err();
+        assert_eq!(d, Refusal::QueueFull);
+        drop(c);
+        assert_eq!(t.queued(), 1);
+        drop(b);
+        assert_eq!(t.queued(), 0);
+    }
+}
