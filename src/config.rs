@@ -65,6 +65,49 @@ pub struct Config {
     /// The predicted-TTFT model (its priors; the rates are learned per instance).
     #[serde(default)]
     pub cost_model: CostModelSettings,
+    /// Gateways in other regions that take the requests this one cannot.
+    #[serde(default)]
+    pub global: GlobalSettings,
+}
+
+/// Global scheduling: when local instances cannot take a request (throttling would reject
+/// it, the queue is full, no instance is available), it is forwarded to a member gateway.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalSettings {
+    /// This gateway's name, sent in the `x-tokengate-hop` header of forwarded requests.
+    #[serde(default = "d_gateway_name")]
+    pub name: String,
+    /// Tried in order, skipping ones that are down or refused the request.
+    #[serde(default)]
+    pub members: Vec<MemberConfig>,
+}
+
+impl Default for GlobalSettings {
+    fn default() -> Self {
+        GlobalSettings {
+            name: d_gateway_name(),
+            members: Vec::new(),
+        }
+    }
+}
+
+fn d_gateway_name() -> String {
+    "tokengate".into()
+}
+
+/// Another region's gateway.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    pub name: String,
+    /// Its proxy listener, e.g. `http://gw.eu-west.internal:8080` (a name or an IP; https
+    /// with certificate checks).
+    pub url: String,
+    /// The API key it accepts from this gateway (sent as `Authorization: Bearer`; never
+    /// logged).
+    #[serde(default)]
+    pub token: Option<String>,
 }
 
 /// Settings of the predicted-TTFT model: what it assumes before it has learned an instance.
@@ -964,6 +1007,28 @@ impl Config {
         }
         if pi.maintenance_interval.is_zero() {
             errs.push("prefix_index.maintenance_interval: must be greater than 0".into());
+        }
+        let mut members = HashSet::new();
+        if http::HeaderValue::from_str(&self.global.name).is_err() || self.global.name.is_empty() {
+            errs.push("global.name: must be a non-empty header value (visible ASCII)".into());
+        }
+        for (i, m) in self.global.members.iter().enumerate() {
+            let p = format!("global.members[{i}]");
+            if m.name.is_empty() || http::HeaderValue::from_str(&m.name).is_err() {
+                errs.push(format!(
+                    "{p}.name: must be a non-empty header value (visible ASCII)"
+                ));
+            } else if !members.insert(m.name.as_str()) {
+                errs.push(format!("{p}.name: duplicate member {:?}", m.name));
+            }
+            if let Err(e) = crate::upstream::parse_url(&m.url) {
+                errs.push(format!("{p}.url: {e}"));
+            }
+            if let Some(t) = &m.token {
+                if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                    errs.push(format!("{p}.token: must be non-empty without whitespace"));
+                }
+            }
         }
         let cm = &self.cost_model;
         if !(cm.prior_prefill_tokens_per_second.is_finite()

@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`transport`], [`config`], [`decision`] |
+//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`transport`], [`upstream`], [`config`], [`decision`] |
 //! | state | [`pipelines`] (config → pipelines), [`runtime`] (services, routes, instances), [`shared`] |
 //! | one request | [`request`] (admit → plan → dispatch → complete), [`bigbody`], [`proxy`] (Pingora hooks) |
 //! | around requests | [`background`] (health checks, maintenance), [`reload`], [`admin`] |
@@ -36,4 +36,5 @@ pub mod server;
 pub mod shared;
 pub mod throttle;
 pub mod transport;
+pub mod upstream;
 pub mod usage;

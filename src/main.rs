@@ -177,6 +177,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
+            // Catch SIGHUP and take the file's stamp before the listeners are announced.
+            let reloads = tokengate::reload::ReloadSource::new(config.clone());
             let listeners = match server::Listeners::bind(&cfg) {
                 Ok(l) => l,
                 Err(e) => {
@@ -194,7 +196,7 @@ fn main() -> ExitCode {
                 }
                 let _ = out.flush();
             }
-            if let Err(e) = server::run(cfg, listeners, Some(config)) {
+            if let Err(e) = server::run(cfg, listeners, Some(reloads)) {
                 eprintln!("tokengate: {e:#}");
                 return ExitCode::from(1);
             }

@@ -36,6 +36,8 @@ pub struct Metrics {
     pub throttle_rejections: IntCounterVec,
     pub slots_in_use: IntGaugeVec,
     pub slot_limit: IntGaugeVec,
+    /// Requests sent to another region's gateway, by member and outcome.
+    pub global_requests: IntCounterVec,
     /// Per service: estimated prompt tokens, the best match over all instances (ceiling) and
     /// the match on the chosen instance (predicted).
     pub prefix_tokens: IntCounterVec,
@@ -190,6 +192,14 @@ impl Metrics {
             &["instance", "phase"],
         )
         .expect("metric");
+        let global_requests = IntCounterVec::new(
+            Opts::new(
+                "tokengate_global_requests_total",
+                "Requests forwarded to another region's gateway (global.members), by member and outcome: ok, refused (429/503: the next member is tried), error, cancelled",
+            ),
+            &["member", "outcome"],
+        )
+        .expect("metric");
         let decisions = IntCounterVec::new(
             Opts::new(
                 "tokengate_routing_decisions_total",
@@ -316,6 +326,7 @@ impl Metrics {
             Box::new(throttle_rejections.clone()),
             Box::new(slots_in_use.clone()),
             Box::new(slot_limit.clone()),
+            Box::new(global_requests.clone()),
             Box::new(prefix_tokens.clone()),
             Box::new(engine_tokens.clone()),
             Box::new(hit_ratio.clone()),
@@ -351,6 +362,7 @@ impl Metrics {
             throttle_rejections,
             slots_in_use,
             slot_limit,
+            global_requests,
             prefix_tokens,
             engine_tokens,
             hit_ratio,

@@ -6,7 +6,7 @@
 
 use crate::bigbody;
 use crate::error::GatewayError;
-use crate::request::{self, admit, complete, dispatch, plan, slot, Ctx, Handoff};
+use crate::request::{self, admit, complete, dispatch, global, plan, slot, Ctx, Handoff};
 use crate::shared::Shared;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -38,13 +38,17 @@ impl Gateway {
             Ok(p) => p,
             Err(e) => return request::reject(session, ctx, e.status(), e).await,
         };
-        // Admission to an instance: a throttling slot (reject, or wait in the queue).
+        // Admission to an instance: a throttling slot (reject, or wait in the queue); what
+        // this region cannot take may go to another region's gateway.
         let leg = match slot::take(&self.shared, slot::Asker::Client(session), &plan, &[]).await? {
             Ok(leg) => leg,
-            Err(d) => {
-                ctx.api = Some(plan.api);
-                return request::reject_after(session, ctx, d.status, d.error, d.retry_after).await;
-            }
+            Err(d) => match d.overflow.then(|| global::leg(&plan, &[])).flatten() {
+                Some(leg) if !ctx.hop => leg,
+                _ => {
+                    return request::reject_after(session, ctx, d.status, d.error, d.retry_after)
+                        .await;
+                }
+            },
         };
         if session.as_ref().retry_buffer_truncated() {
             // Pingora cannot replay this body from its retry buffer: run the proxy pipeline
@@ -58,6 +62,7 @@ impl Gateway {
                     body,
                     legs: vec![leg],
                     content_type,
+                    hop: ctx.hop,
                 },
             )
             .await?;
@@ -102,6 +107,7 @@ impl ProxyHttp for Gateway {
             let id = h.plan.request_id.clone();
             ctx.set_request_id(Some(&id));
             ctx.api = Some(h.plan.api);
+            ctx.hop = h.hop;
             ctx.plan = Some(h.plan);
             ctx.body = Some(h.body);
             ctx.legs = h.legs;
@@ -114,6 +120,11 @@ impl ProxyHttp for Gateway {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         ctx.set_request_id(id.as_deref());
+        // Forwarded by another region's gateway: never forwarded again.
+        ctx.hop = session
+            .req_header()
+            .headers
+            .contains_key(global::HOP_HEADER);
         self.main_request(session, ctx).await
     }
 

@@ -13,11 +13,36 @@ use crate::runtime::Runtime;
 use crate::shared::Shared;
 use log::{error, info, warn};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-pub struct Reloader {
+/// Where reloads come from, set up before the gateway announces its listeners: the config
+/// file as it was loaded (a change after that is a reload), and SIGHUP caught from then on
+/// (without it, a SIGHUP arriving before the reload loop runs would end the process).
+pub struct ReloadSource {
     pub path: PathBuf,
+    loaded: Option<(SystemTime, u64)>,
+    hup: Arc<AtomicBool>,
+}
+
+impl ReloadSource {
+    /// Takes the file's stamp and starts catching SIGHUP.
+    pub fn new(path: PathBuf) -> ReloadSource {
+        let hup = Arc::new(AtomicBool::new(false));
+        if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone()) {
+            warn!("cannot catch SIGHUP ({e}); reloading on file changes only");
+        }
+        ReloadSource {
+            loaded: stamp(&path),
+            path,
+            hup,
+        }
+    }
+}
+
+pub struct Reloader {
+    pub source: ReloadSource,
     pub shared: Arc<Shared>,
     /// The settings that need a restart, as started.
     pub listen: Vec<String>,
@@ -34,7 +59,7 @@ impl Reloader {
     pub fn reload(&self) -> bool {
         let m = &self.shared.metrics;
         let old = self.shared.runtime.load_full();
-        let built = Config::load(&self.path).and_then(|cfg| {
+        let built = Config::load(&self.source.path).and_then(|cfg| {
             let rt = Runtime::build(&cfg, Some(&old), m)?;
             Ok((cfg, rt))
         });
@@ -53,7 +78,7 @@ impl Reloader {
                 m.reload_ok.set(1);
                 info!(
                     "config reloaded from {}: {} services, {} routes",
-                    self.path.display(),
+                    self.source.path.display(),
                     cfg.services.len(),
                     cfg.routes.len()
                 );
@@ -64,7 +89,7 @@ impl Reloader {
                 m.reload_ok.set(0);
                 error!(
                     "config reload from {} rejected, keeping the running config:\n  {}",
-                    self.path.display(),
+                    self.source.path.display(),
                     e.0.join("\n  ")
                 );
                 false
@@ -81,21 +106,30 @@ impl Reloader {
                 None
             }
         };
-        let mut last = stamp(&self.path);
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let path = self.source.path.clone();
+        let mut last = self.source.loaded;
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
-                    info!("SIGHUP: reloading {}", self.path.display());
-                    last = stamp(&self.path);
+                    // Both handlers saw it: one reload.
+                    self.source.hup.store(false, Ordering::Relaxed);
+                    info!("SIGHUP: reloading {}", path.display());
+                    last = stamp(&path);
                     self.reload();
                 }
                 _ = tick.tick() => {
-                    let now = stamp(&self.path);
+                    if self.source.hup.swap(false, Ordering::Relaxed) {
+                        info!("SIGHUP: reloading {}", path.display());
+                        last = stamp(&path);
+                        self.reload();
+                        continue;
+                    }
+                    let now = stamp(&path);
                     if now.is_some() && now != last {
                         last = now;
-                        info!("{} changed: reloading", self.path.display());
+                        info!("{} changed: reloading", path.display());
                         self.reload();
                     }
                 }

@@ -264,6 +264,17 @@ pub struct Runtime {
     /// The predicted-TTFT model: what every instance's completed requests taught it (kept
     /// across reloads).
     pub cost: Arc<CostModel>,
+    /// Global scheduling: this gateway's name (the hop header) and the member gateways.
+    pub hop_name: http::HeaderValue,
+    pub members: Vec<Member>,
+}
+
+/// Another region's gateway (`global.members[]`).
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub endpoint: Arc<crate::upstream::Endpoint>,
+    /// `Bearer <token>` (sensitive: never logged).
+    pub auth: Option<http::HeaderValue>,
 }
 
 impl Runtime {
@@ -496,6 +507,26 @@ impl Runtime {
             }
         }
         let block_tokens = cfg.prefix_index.block_size.max(1);
+        let mut members = Vec::new();
+        for (i, m) in cfg.global.members.iter().enumerate() {
+            let prev_eps = prev
+                .into_iter()
+                .flat_map(|p| p.members.iter().map(|m| m.endpoint.clone()));
+            match crate::upstream::carried(prev_eps, &m.name, &m.url) {
+                Ok(endpoint) => {
+                    let auth = m.token.as_ref().and_then(|t| {
+                        let mut v = http::HeaderValue::from_str(&format!("Bearer {t}")).ok()?;
+                        v.set_sensitive(true);
+                        Some(v)
+                    });
+                    members.push(Member { endpoint, auth });
+                }
+                Err(e) => errs.push(format!("global.members[{i}].url: {e}")),
+            }
+        }
+        if !errs.is_empty() {
+            return Err(ConfigErrors(errs));
+        }
         let engine_metrics = cfg
             .services
             .iter()
@@ -524,6 +555,9 @@ impl Runtime {
             passive: cfg.passive_health.clone(),
             engine_metrics,
             cost,
+            hop_name: http::HeaderValue::from_str(&cfg.global.name)
+                .unwrap_or_else(|_| http::HeaderValue::from_static("tokengate")),
+            members,
         })
     }
 

@@ -228,12 +228,12 @@ impl BackgroundService for Acceptor {
 }
 
 /// Runs the gateway on bound listeners; returns only on a startup error (the Pingora server
-/// exits the process when it shuts down). With `config_path`, the file is reloaded on SIGHUP
-/// and when it changes.
+/// exits the process when it shuts down). With `reloads`, the config file is reloaded on
+/// SIGHUP and when it changes.
 pub fn run(
     cfg: Config,
     listeners: Listeners,
-    config_path: Option<std::path::PathBuf>,
+    reloads: Option<crate::reload::ReloadSource>,
 ) -> anyhow::Result<()> {
     let threads = cfg
         .threads
@@ -259,8 +259,8 @@ pub fn run(
             shared: shared.clone(),
         },
     );
-    let reloader = config_path.map(|path| crate::reload::Reloader {
-        path,
+    let reloader = reloads.map(|source| crate::reload::Reloader {
+        source,
         shared: shared.clone(),
         listen: cfg.listen.clone(),
         admin_listen: cfg.admin_listen.clone(),

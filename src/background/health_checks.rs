@@ -38,6 +38,36 @@ pub async fn run_checks(shared: Arc<Shared>, mut stop: pingora::server::Shutdown
                 }
             });
             futures_util::future::join_all(checks).await;
+            // Member gateways of other regions: names resolved again, `GET /health`.
+            let members = rt.members.iter().map(|m| {
+                let e = m.endpoint.clone();
+                let client = client.clone();
+                let hc = hc.clone();
+                async move {
+                    let e2 = e.clone();
+                    let resolved =
+                        tokio::task::spawn_blocking(move || e2.resolve().map(|n| n > 0))
+                            .await
+                            .ok()
+                            .and_then(Result::ok)
+                            .unwrap_or(false);
+                    let url = format!("{}{}{}", e.origin(), e.base_path, hc.path);
+                    let ok = resolved
+                        && matches!(
+                            tokio::time::timeout(hc.timeout, client.get(&url).send()).await,
+                            Ok(Ok(r)) if r.status().is_success()
+                        );
+                    match e.health.on_check(ok, hc.rise, hc.fall) {
+                        Some(true) => log::warn!("gateway {} is up again ({url})", e.name),
+                        Some(false) => log::warn!(
+                            "gateway {} is down: {} failed checks of {url}; no requests are forwarded to it",
+                            e.name, hc.fall
+                        ),
+                        None => {}
+                    }
+                }
+            });
+            futures_util::future::join_all(members).await;
         }
         if !sleep_or_stop(hc.interval, &mut stop).await {
             return;

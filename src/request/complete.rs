@@ -8,7 +8,7 @@
 //! [`finish`] runs once per request, from Pingora's `logging` hook, whatever path the request
 //! took; [`attempt_failed`] ends an attempt that is retried on another instance.
 
-use super::{Ctx, Leg, Plan};
+use super::{global, Ctx, Leg, LocalLeg, Plan, To};
 use crate::clock::now_ms;
 use crate::load::Outcome;
 use crate::runtime::{Instance, Runtime};
@@ -35,7 +35,7 @@ fn passive(inst: &Arc<Instance>, failed: bool, rt: &Runtime, now: u64) {
 }
 
 /// Tells the leg's scheduler how it ended.
-fn feedback(leg: &Leg, plan: &Plan, done: &Completion, now: u64) {
+fn feedback(leg: &LocalLeg, plan: &Plan, done: &Completion, now: u64) {
     let Some(s) = leg.by.scheduler() else { return };
     let view = RequestView {
         session: leg.session,
@@ -46,34 +46,57 @@ fn feedback(leg: &Leg, plan: &Plan, done: &Completion, now: u64) {
     s.pipeline.on_complete(&view, &leg.cand, done);
 }
 
+/// A member gateway's answer, for `tokengate_global_requests_total{member,outcome}`.
+fn count_remote(shared: &Shared, leg: &Leg, outcome: &str) {
+    if let Some(r) = leg.remote() {
+        shared
+            .metrics
+            .global_requests
+            .with_label_values(&[r.endpoint.name.as_str(), outcome])
+            .inc();
+    }
+}
+
 /// The current attempt's main leg failed and the request is retried elsewhere. 5xx and
 /// connect failures count against the instance's passive health; a 429 (busy, not broken)
 /// does not: ejecting busy engines under overload would turn a slowdown into an outage.
-pub fn attempt_failed(ctx: &mut Ctx, plan: &Plan, retried_status: Option<u16>) {
+pub fn attempt_failed(shared: &Shared, ctx: &mut Ctx, plan: &Plan, retried_status: Option<u16>) {
     let Some(pos) = ctx.legs.iter().position(|l| l.role == super::LegRole::Main) else {
         return;
     };
     let leg = ctx.legs.swap_remove(pos);
     let now = now_ms();
-    if retried_status.is_none_or(|s| s >= 500) {
-        passive(&leg.instance, true, &plan.runtime, now);
+    match leg.to {
+        To::Local(l) => {
+            if retried_status.is_none_or(|s| s >= 500) {
+                passive(&l.instance, true, &plan.runtime, now);
+            }
+            feedback(&l, plan, &Completion::of(Outcome::Failed), now);
+            l.guard.finish(Outcome::Failed);
+        }
+        To::Remote(_) => {
+            let outcome = if retried_status.is_some() {
+                "refused"
+            } else {
+                "error"
+            };
+            count_remote(shared, &leg, outcome);
+        }
     }
-    feedback(&leg, plan, &Completion::of(Outcome::Failed), now);
-    leg.guard.finish(Outcome::Failed);
 }
 
 /// What a completed leg teaches the gateway's models: the cost model gets the leg's prefill
 /// work and time to first token (and its time per output token); the prefix index is
 /// corrected when the engine reported fewer cached tokens than the index predicted (the
 /// engine evicted the tail), then given the prompt again (the engine just computed it).
-fn learn(leg: &Leg, plan: &Plan, ctx: &Ctx, now: u64) {
+fn learn(leg: &LocalLeg, dispatched: Option<std::time::Instant>, plan: &Plan, ctx: &Ctx, now: u64) {
     let u = ctx.response.usage;
     // What the engine really had to prefill, when it said.
     let uncached = match (u.prompt, u.cached) {
         (Some(p), Some(c)) => p.saturating_sub(c),
         _ => leg.uncached_tokens,
     };
-    if let (Some(at), Some(ttft)) = (leg.dispatched, ctx.response.ttft) {
+    if let (Some(at), Some(ttft)) = (dispatched, ctx.response.ttft) {
         let since_start = at.saturating_duration_since(ctx.start);
         let ttft_leg = ttft.saturating_sub(since_start);
         let tpot = match (plan.info.stream, u.completion) {
@@ -143,21 +166,41 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     let m = &shared.metrics;
     let legs = std::mem::take(&mut ctx.legs);
     let mut model: &str = ctx.plan.as_ref().map_or("-", |p| p.dest.name());
-    let mut served_by = None;
+    let mut served_by: Option<String> = None;
+    let mut served_service = None;
     if let Some(plan) = ctx.plan.as_ref() {
         let now = now_ms();
         for leg in legs {
-            let dispatched = leg.dispatched.is_some();
-            if dispatched {
+            let dispatched = leg.dispatched;
+            let dispatched_ms = leg.dispatched_ms;
+            if dispatched.is_some() {
+                served_by = Some(leg.name().to_string());
+            }
+            let l = match leg.to {
+                To::Local(l) => l,
+                To::Remote(_) => {
+                    if dispatched.is_some() {
+                        let o = match (outcome, ctx.response.upstream_status) {
+                            (Outcome::Completed, _) => "ok",
+                            (_, Some(s)) if global::REFUSALS.contains(&s) => "refused",
+                            (Outcome::Cancelled, _) => "cancelled",
+                            _ => "error",
+                        };
+                        count_remote(shared, &leg, o);
+                    }
+                    continue;
+                }
+            };
+            if dispatched.is_some() {
                 match outcome {
-                    Outcome::Failed => passive(&leg.instance, true, &plan.runtime, now),
-                    Outcome::Completed => passive(&leg.instance, false, &plan.runtime, now),
+                    Outcome::Failed => passive(&l.instance, true, &plan.runtime, now),
+                    Outcome::Completed => passive(&l.instance, false, &plan.runtime, now),
                     Outcome::Cancelled => {}
                 }
             }
             let done = Completion {
                 outcome,
-                ttft_ms: match (leg.dispatched, ctx.response.ttft) {
+                ttft_ms: match (dispatched, ctx.response.ttft) {
                     (Some(d), Some(t)) => {
                         let since_dispatch = d.saturating_duration_since(ctx.start);
                         Some(t.saturating_sub(since_dispatch).as_secs_f64() * 1e3)
@@ -167,25 +210,24 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 prompt_tokens: u.prompt,
                 cached_tokens: u.cached,
             };
-            feedback(&leg, plan, &done, now);
+            feedback(&l, plan, &done, now);
             if outcome == Outcome::Completed {
-                learn(&leg, plan, ctx, now);
+                learn(&l, dispatched, plan, ctx, now);
             }
-            if dispatched {
+            if dispatched.is_some() {
                 // Refresh the prompt's last use (the index keeps whole seconds: a request that
                 // ended within the second of its dispatch, when the index inserted it, has
                 // nothing to refresh).
-                if outcome == Outcome::Completed && leg.dispatched_ms / 1000 != now / 1000 {
-                    leg.service.index.touch(&plan.blocks, leg.instance.key, now);
+                if outcome == Outcome::Completed && dispatched_ms / 1000 != now / 1000 {
+                    l.service.index.touch(&plan.blocks, l.instance.key, now);
                 }
                 // The hit-rate figures of every routed request, per service.
-                let c = &leg.service.counters;
+                let c = &l.service.counters;
                 let bt = plan.runtime.block_tokens as u64;
                 c.prefix_prompt
-                    .inc_by(u64::from(leg.prefix.prompt_blocks) * bt);
-                c.prefix_ceiling.inc_by(u64::from(leg.prefix.best) * bt);
-                c.prefix_predicted
-                    .inc_by(u64::from(leg.prefix.matched) * bt);
+                    .inc_by(u64::from(l.prefix.prompt_blocks) * bt);
+                c.prefix_ceiling.inc_by(u64::from(l.prefix.best) * bt);
+                c.prefix_predicted.inc_by(u64::from(l.prefix.matched) * bt);
                 if let (Some(prompt), Some(cached)) = (u.prompt, u.cached) {
                     c.engine_prompt.inc_by(prompt);
                     c.engine_cached.inc_by(cached);
@@ -199,15 +241,15 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 if let Some(x) = u.cached {
                     c.tokens_cached.inc_by(x);
                 }
-                served_by = Some(leg.instance.clone());
+                served_service = Some(l.service.clone());
             }
-            leg.guard.finish(outcome);
+            l.guard.finish(outcome);
         }
     }
-    if let Some(i) = served_by.as_ref() {
-        model = i.service.as_str();
+    if let Some(s) = served_service.as_ref() {
+        model = s.name.as_str();
     }
-    let instance = served_by.as_ref().map_or("-", |i| i.id.as_str());
+    let instance = served_by.as_deref().unwrap_or("-");
     let code = status.to_string();
     m.requests
         .with_label_values(&[model, instance, code.as_str()])

@@ -13,7 +13,7 @@
 //!   first SSE event carrying output, or the end of a non-stream body) ends the leg's prefill
 //!   phase and gives the TTFT; the usage is read from the JSON body or the SSE events.
 
-use super::{complete, slot, Ctx, LegRole, Plan};
+use super::{complete, global, slot, Ctx, LegRole, Plan, To};
 use crate::api;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -41,11 +41,16 @@ pub fn gw_err(e: GatewayError) -> Box<Error> {
     Error::explain(ErrorType::HTTPStatus(e.status()), e.to_string())
 }
 
-/// Whether another attempt is allowed: attempts left and an untried available instance.
+/// Whether another attempt is allowed: attempts left and an untried available instance (or,
+/// for a request sent to another region, another member gateway).
 pub fn can_retry(ctx: &Ctx) -> bool {
-    ctx.plan
-        .as_ref()
-        .is_some_and(|p| ctx.tried.len() < MAX_ATTEMPTS && p.dest.has_untried(&ctx.tried))
+    let Some(p) = ctx.plan.as_ref() else {
+        return false;
+    };
+    if ctx.main_leg().is_some_and(|l| l.remote().is_some()) {
+        return global::has_next(p, &ctx.tried_members);
+    }
+    ctx.tried.len() < MAX_ATTEMPTS && p.dest.has_untried(&ctx.tried)
 }
 
 /// `upstream_peer`: dispatches the main leg (picking it again on a retry) and returns its
@@ -66,27 +71,42 @@ async fn dispatch_main(
     ctx: &mut Ctx,
     plan: &Plan,
 ) -> Result<Box<HttpPeer>> {
-    // A retry: the previous attempt failed to connect, or its engine answered a retryable
+    // A retry: the previous attempt failed to connect, or its upstream answered a retryable
     // status, or reset the connection before answering.
     let retried = ctx.response.retry_status.take();
     ctx.response.answered = false;
-    if ctx.main_leg().is_some_and(|l| l.dispatched.is_some()) {
-        complete::attempt_failed(ctx, plan, retried);
+    let mut was_remote = false;
+    if let Some(l) = ctx.main_leg().filter(|l| l.dispatched.is_some()) {
+        was_remote = l.remote().is_some();
+        complete::attempt_failed(shared, ctx, plan, retried);
     }
     if ctx.main_leg().is_none() {
-        if ctx.tried.len() >= MAX_ATTEMPTS {
-            return Err(gw_err(GatewayError::BadGateway(format!(
-                "{} attempts to reach an instance of {:?} failed",
-                ctx.tried.len(),
-                plan.dest.name()
-            ))));
-        }
-        // A retry re-takes a slot (the failed attempt gave its slot back), waiting in the
-        // queue in queue mode.
-        let asker = slot::Asker::Headers(&session.req_header().headers);
-        let leg = match slot::take(shared, asker, plan, &ctx.tried).await? {
-            Ok(leg) => leg,
-            Err(d) => return Err(gw_err(d.error)),
+        let leg = if was_remote {
+            // The next member gateway.
+            match global::leg(plan, &ctx.tried_members) {
+                Some(l) => l,
+                None => {
+                    return Err(gw_err(GatewayError::Unavailable(format!(
+                        "no gateway of another region took the request ({} tried)",
+                        ctx.tried_members.len()
+                    ))))
+                }
+            }
+        } else {
+            if ctx.tried.len() >= MAX_ATTEMPTS {
+                return Err(gw_err(GatewayError::BadGateway(format!(
+                    "{} attempts to reach an instance of {:?} failed",
+                    ctx.tried.len(),
+                    plan.dest.name()
+                ))));
+            }
+            // A retry re-takes a slot (the failed attempt gave its slot back), waiting in the
+            // queue in queue mode.
+            let asker = slot::Asker::Headers(&session.req_header().headers);
+            match slot::take(shared, asker, plan, &ctx.tried).await? {
+                Ok(leg) => leg,
+                Err(d) => return Err(gw_err(d.error)),
+            }
         };
         ctx.legs.push(leg);
     }
@@ -97,19 +117,6 @@ async fn dispatch_main(
     leg.dispatched = Some(Instant::now());
     let now = now_ms();
     leg.dispatched_ms = now;
-    // The scheduler and the prefix index learn the dispatch.
-    if let Some(s) = leg.by.scheduler() {
-        let view = RequestView {
-            session: leg.session,
-            blocks: &plan.blocks,
-            now_ms: now,
-            ..RequestView::default()
-        };
-        s.pipeline.on_dispatch(&view, &leg.cand);
-    }
-    leg.service
-        .index
-        .insert(&plan.blocks, leg.instance.key, now);
     shared
         .metrics
         .decisions
@@ -124,23 +131,50 @@ async fn dispatch_main(
             x
         );
     }
-    let inst = leg.instance.clone();
-    // The engine serves the service's name: rewrite `model` when the client named a route
-    // or fell back to the default model.
-    let rewritten = (leg.service.name != plan.info.model)
-        .then(|| {
-            ctx.body
-                .as_ref()
-                .and_then(|b| api::rewrite_model(b, &leg.service.name))
-        })
-        .flatten();
     ctx.reason = leg.reason.clone();
-    ctx.tried.push(inst.key);
-    if let Some(b) = rewritten {
-        ctx.body = Some(Bytes::from(b));
-    }
     let t = &plan.runtime.timeouts;
-    let mut peer = HttpPeer::new(inst.addr, false, String::new());
+    let mut peer = match &leg.to {
+        To::Local(l) => {
+            // The scheduler and the prefix index learn the dispatch.
+            if let Some(s) = l.by.scheduler() {
+                let view = RequestView {
+                    session: l.session,
+                    blocks: &plan.blocks,
+                    now_ms: now,
+                    ..RequestView::default()
+                };
+                s.pipeline.on_dispatch(&view, &l.cand);
+            }
+            l.service.index.insert(&plan.blocks, l.instance.key, now);
+            // The engine serves the service's name: rewrite `model` when the client named a
+            // route or fell back to the default model.
+            let rewritten = (l.service.name != plan.info.model)
+                .then(|| {
+                    ctx.body
+                        .as_ref()
+                        .and_then(|b| api::rewrite_model(b, &l.service.name))
+                })
+                .flatten();
+            let addr = l.instance.addr;
+            ctx.tried.push(l.instance.key);
+            if let Some(b) = rewritten {
+                ctx.body = Some(Bytes::from(b));
+            }
+            HttpPeer::new(addr, false, String::new())
+        }
+        To::Remote(r) => {
+            let e = r.endpoint.clone();
+            ctx.tried_members.push(e.name.clone());
+            let Some(addr) = e.addr() else {
+                return Err(gw_err(GatewayError::Unavailable(format!(
+                    "{} ({}) does not resolve",
+                    e.name,
+                    e.origin()
+                ))));
+            };
+            HttpPeer::new(addr, e.tls, e.host.clone())
+        }
+    };
     peer.options.connection_timeout = Some(t.connect);
     peer.options.total_connection_timeout = Some(t.connect);
     peer.options.read_timeout = Some(t.first_byte.max(t.idle));
@@ -171,10 +205,14 @@ pub fn fail_to_connect(ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
 /// through.
 pub fn retry_on_status(resp: &ResponseHeader, ctx: &mut Ctx) -> Result<()> {
     let status = resp.status.as_u16();
-    let retryable = ctx
-        .plan
-        .as_ref()
-        .is_some_and(|p| p.runtime.passive.retry_on_status.contains(&status));
+    let remote = ctx.main_leg().is_some_and(|l| l.remote().is_some());
+    let retryable = if remote {
+        global::REFUSALS.contains(&status)
+    } else {
+        ctx.plan
+            .as_ref()
+            .is_some_and(|p| p.runtime.passive.retry_on_status.contains(&status))
+    };
     if retryable && ctx.local_status.is_none() && can_retry(ctx) {
         warn!(
             "request {}: instance {} answered {status}; retrying on another instance",
@@ -253,6 +291,24 @@ pub fn upstream_request(up: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
             up.remove_header("authorization");
             up.remove_header("x-api-key");
         }
+        if let Some(r) = ctx.main_leg().and_then(|l| l.remote()) {
+            // Another gateway: its own key, the hop mark, its host.
+            up.remove_header("authorization");
+            up.remove_header("x-api-key");
+            if let Some(a) = r.auth.clone() {
+                up.insert_header("authorization", a)?;
+            }
+            up.insert_header(global::HOP_HEADER, plan.runtime.hop_name.clone())?;
+            let e = &r.endpoint;
+            let default_port = if e.tls { 443 } else { 80 };
+            let host = match (e.port == default_port, e.host.contains(':')) {
+                (true, false) => e.host.clone(),
+                (true, true) => format!("[{}]", e.host),
+                (false, false) => format!("{}:{}", e.host, e.port),
+                (false, true) => format!("[{}]:{}", e.host, e.port),
+            };
+            up.insert_header("host", host)?;
+        }
     }
     Ok(())
 }
@@ -289,7 +345,7 @@ pub fn response_header(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
         ctx.response.json = Some(JsonCollector::default());
     }
     if let Some(l) = ctx.main_leg() {
-        resp.insert_header("x-tokengate-instance", l.instance.id_header.clone())?;
+        resp.insert_header("x-tokengate-instance", l.id_header())?;
     }
     if !ctx.reason.is_empty() {
         // Static reasons are shared, not copied.
@@ -315,7 +371,7 @@ fn first_token(ctx: &mut Ctx) {
         return;
     }
     ctx.response.ttft = Some(ctx.start.elapsed());
-    if let Some(l) = ctx.main_leg_mut() {
+    if let Some(l) = ctx.main_leg_mut().and_then(|l| l.local_mut()) {
         l.guard.first_token();
     }
 }

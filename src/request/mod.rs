@@ -15,6 +15,7 @@
 pub mod admit;
 pub mod complete;
 pub mod dispatch;
+pub mod global;
 pub mod plan;
 pub mod slot;
 
@@ -84,28 +85,50 @@ pub struct PrefixFigures {
     pub best: u32,
 }
 
-/// One upstream of a request: the instance the plan chose, why, and the load it holds there
-/// (released exactly once, whatever happens: [`LoadGuard`]).
+/// One upstream of a request: where it goes, why, and (for our own instances) the load it
+/// holds there (released exactly once, whatever happens: [`LoadGuard`]).
 pub struct Leg {
     pub role: LegRole,
+    pub to: To,
+    pub reason: Cow<'static, str>,
+    /// One line with every candidate's numbers (built only when debug logging is on).
+    pub explain: Option<String>,
+    /// When the leg was sent (set by dispatch), and the same on the gateway's clock.
+    pub dispatched: Option<Instant>,
+    pub dispatched_ms: u64,
+}
+
+/// Where a leg goes.
+pub enum To {
+    /// An instance of one of our services.
+    Local(LocalLeg),
+    /// Another gateway (global scheduling) or an external API (split proxy).
+    Remote(RemoteLeg),
+}
+
+/// A leg to one of our instances.
+pub struct LocalLeg {
     pub service: Arc<Service>,
     pub instance: Arc<Instance>,
     pub by: ChosenBy,
     /// The instance as the pipeline saw it.
     pub cand: Candidate,
     pub session: Option<SessionKey>,
-    pub reason: Cow<'static, str>,
     pub prefix: PrefixFigures,
-    /// One line with every candidate's numbers (built only when debug logging is on).
-    pub explain: Option<String>,
     pub guard: LoadGuard<Instance>,
     /// Prefill tokens queued on the instance (by this gateway) when the leg was picked.
     pub queued_ahead: u64,
     /// This request's uncached prompt tokens there, as the index predicted them.
     pub uncached_tokens: u64,
-    /// When the leg was sent (set by dispatch), and the same on the gateway's clock.
-    pub dispatched: Option<Instant>,
-    pub dispatched_ms: u64,
+}
+
+/// A leg to another gateway or an external API.
+pub struct RemoteLeg {
+    pub endpoint: Arc<crate::upstream::Endpoint>,
+    /// `Authorization` to send (the member's token, the external API's key).
+    pub auth: Option<HeaderValue>,
+    /// Replaces the request's `model` (external APIs with `model:` set).
+    pub model: Option<String>,
 }
 
 impl Leg {
@@ -113,6 +136,43 @@ impl Leg {
     pub fn metric_reason(&self) -> &str {
         let r: &str = &self.reason;
         r.split('(').next().unwrap_or(r)
+    }
+
+    pub fn local(&self) -> Option<&LocalLeg> {
+        match &self.to {
+            To::Local(l) => Some(l),
+            To::Remote(_) => None,
+        }
+    }
+
+    pub fn local_mut(&mut self) -> Option<&mut LocalLeg> {
+        match &mut self.to {
+            To::Local(l) => Some(l),
+            To::Remote(_) => None,
+        }
+    }
+
+    pub fn remote(&self) -> Option<&RemoteLeg> {
+        match &self.to {
+            To::Remote(r) => Some(r),
+            To::Local(_) => None,
+        }
+    }
+
+    /// The instance id, or the remote upstream's name.
+    pub fn name(&self) -> &str {
+        match &self.to {
+            To::Local(l) => &l.instance.id,
+            To::Remote(r) => &r.endpoint.name,
+        }
+    }
+
+    /// [`Leg::name`] as the `x-tokengate-instance` header value.
+    pub fn id_header(&self) -> HeaderValue {
+        match &self.to {
+            To::Local(l) => l.instance.id_header.clone(),
+            To::Remote(r) => r.endpoint.id_header.clone(),
+        }
     }
 }
 
@@ -147,6 +207,10 @@ pub struct Ctx {
     pub legs: Vec<Leg>,
     /// Instances already tried by this request.
     pub tried: Vec<InstanceKey>,
+    /// Member gateways already tried (global scheduling).
+    pub tried_members: Vec<String>,
+    /// The request came from another region's gateway: it is never forwarded again.
+    pub hop: bool,
     /// The reason of the last dispatched main leg (kept for the access log after it ends).
     pub reason: Cow<'static, str>,
     pub response: ResponseState,
@@ -169,6 +233,8 @@ impl Ctx {
             body: None,
             legs: Vec::new(),
             tried: Vec::new(),
+            tried_members: Vec::new(),
+            hop: false,
             reason: Cow::Borrowed(""),
             response: ResponseState::default(),
             delegated: false,
@@ -187,9 +253,9 @@ impl Ctx {
         self.legs.iter_mut().find(|l| l.role == LegRole::Main)
     }
 
-    /// The instance of the current attempt, `-` before one is chosen.
+    /// The instance (or remote upstream) of the current attempt, `-` before one is chosen.
     pub fn instance_id(&self) -> &str {
-        self.main_leg().map_or("-", |l| l.instance.id.as_str())
+        self.main_leg().map_or("-", |l| l.name())
     }
 
     pub fn anthropic(&self) -> bool {
@@ -222,6 +288,8 @@ pub struct Handoff {
     /// The client's `Content-Type` (the subrequest session drops body headers; the body
     /// itself comes from `body` on every attempt, see [`crate::bigbody`]).
     pub content_type: Option<HeaderValue>,
+    /// The request came from another region's gateway.
+    pub hop: bool,
 }
 
 /// A fresh request id: 32 hex digits, a random per-process prefix and a counter (unique,

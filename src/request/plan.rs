@@ -9,7 +9,7 @@
 //! runs one pipeline across every target's instances.
 
 use super::admit::Admitted;
-use super::{ChosenBy, Leg, LegRole, Plan, PrefixFigures};
+use super::{ChosenBy, Leg, LegRole, LocalLeg, Plan, PrefixFigures, To};
 use crate::api::{self, RequestInfo};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -242,23 +242,25 @@ impl Ask<'_> {
         };
         Some(Leg {
             role: LegRole::Main,
-            service: service.clone(),
-            instance: inst.clone(),
-            by,
-            cand,
-            session: p.session,
             reason: p.d.reason,
-            prefix: PrefixFigures {
-                prompt_blocks: p.d.prompt_blocks,
-                matched: p.d.matched_blocks,
-                best: p.d.best_matched_blocks,
-            },
             explain: p.explain,
-            guard,
-            queued_ahead: cand.prefill_tokens,
-            uncached_tokens: uncached,
             dispatched: None,
             dispatched_ms: 0,
+            to: To::Local(LocalLeg {
+                service: service.clone(),
+                instance: inst.clone(),
+                by,
+                cand,
+                session: p.session,
+                prefix: PrefixFigures {
+                    prompt_blocks: p.d.prompt_blocks,
+                    matched: p.d.matched_blocks,
+                    best: p.d.best_matched_blocks,
+                },
+                guard,
+                queued_ahead: cand.prefill_tokens,
+                uncached_tokens: uncached,
+            }),
         })
     }
 

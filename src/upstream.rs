@@ -1,0 +1,214 @@
+//! Remote upstreams addressed by URL: another region's gateway (global scheduling) or an
+//! external API (split proxy). An [`Endpoint`] is `scheme://host:port/base-path`; the host may
+//! be a name, resolved when the endpoint is built and again by the background loop
+//! ([`crate::background::health_checks`]), so an address that changes is followed and a name
+//! that stops resolving makes the endpoint unavailable rather than the gateway fail.
+
+use crate::health::Health;
+use parking_lot::RwLock;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// A remote upstream. See the module documentation.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// The config's name (`global.members[].name`, `split.proxies[].name`).
+    pub name: String,
+    /// `name` as a header value (`x-tokengate-instance`).
+    pub id_header: http::HeaderValue,
+    pub tls: bool,
+    /// Host for SNI, certificate checks and the `Host` header.
+    pub host: String,
+    pub port: u16,
+    /// The URL's path without a trailing `/` (`/v1` for an OpenAI-style base URL, or empty).
+    pub base_path: String,
+    addrs: RwLock<Vec<SocketAddr>>,
+    turn: AtomicUsize,
+    /// Active checks (and resolution failures) mark it down.
+    pub health: Arc<Health>,
+}
+
+/// The parts of an `http://` or `https://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlParts {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+/// Parses `http[s]://host[:port][/path]` (IPv6 hosts in brackets). The error says what to fix.
+pub fn parse_url(url: &str) -> Result<UrlParts, String> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
+    } else {
+        return Err(format!("{url:?} must start with http:// or https://"));
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if authority.contains('@') {
+        return Err(format!("{url:?}: credentials in the URL are not supported"));
+    }
+    let (host, port) = if let Some(h) = authority.strip_prefix('[') {
+        let Some((h, p)) = h.split_once(']') else {
+            return Err(format!("{url:?}: unterminated IPv6 address"));
+        };
+        (h.to_string(), p.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (authority.to_string(), None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("{url:?}: no host"));
+    }
+    let port = match port {
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| format!("{url:?}: invalid port {p:?}"))?,
+        None if tls => 443,
+        None => 80,
+    };
+    if path.contains(['?', '#']) {
+        return Err(format!("{url:?}: a query or fragment is not supported"));
+    }
+    Ok(UrlParts {
+        tls,
+        host,
+        port,
+        path: path.trim_end_matches('/').to_string(),
+    })
+}
+
+impl Endpoint {
+    /// An endpoint for `url`, resolved now (a name that does not resolve yet leaves it with
+    /// no address: unavailable until a later resolution succeeds).
+    pub fn new(name: &str, url: &str) -> Result<Endpoint, String> {
+        let u = parse_url(url)?;
+        let id_header = http::HeaderValue::from_str(name)
+            .map_err(|_| format!("{name:?} cannot be a header value"))?;
+        let e = Endpoint {
+            name: name.to_string(),
+            id_header,
+            tls: u.tls,
+            host: u.host,
+            port: u.port,
+            base_path: u.path,
+            addrs: RwLock::new(Vec::new()),
+            turn: AtomicUsize::new(0),
+            health: Arc::new(Health::default()),
+        };
+        let _ = e.resolve();
+        Ok(e)
+    }
+
+    /// Resolves the host again; keeps the previous addresses when resolution fails.
+    pub fn resolve(&self) -> std::io::Result<usize> {
+        let found: Vec<SocketAddr> = (self.host.as_str(), self.port).to_socket_addrs()?.collect();
+        let n = found.len();
+        if n > 0 {
+            *self.addrs.write() = found;
+        }
+        Ok(n)
+    }
+
+    /// The next address (round-robin over what the host resolved to).
+    pub fn addr(&self) -> Option<SocketAddr> {
+        let a = self.addrs.read();
+        if a.is_empty() {
+            return None;
+        }
+        Some(a[self.turn.fetch_add(1, Relaxed) % a.len()])
+    }
+
+    /// `scheme://host:port`, for logs and health checks (no credentials are ever part of it).
+    pub fn origin(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        if self.host.contains(':') {
+            format!("{scheme}://[{}]:{}", self.host, self.port)
+        } else {
+            format!("{scheme}://{}:{}", self.host, self.port)
+        }
+    }
+
+    /// Whether it may receive requests now.
+    pub fn available(&self, now_ms: u64) -> bool {
+        self.health.available(now_ms) && !self.addrs.read().is_empty()
+    }
+}
+
+/// An `Arc`'d endpoint from the previous runtime with the same name and URL, else a new one
+/// (its health and addresses survive a reload).
+pub fn carried(
+    prev: impl IntoIterator<Item = Arc<Endpoint>>,
+    name: &str,
+    url: &str,
+) -> Result<Arc<Endpoint>, String> {
+    let u = parse_url(url)?;
+    for e in prev {
+        if e.name == name
+            && e.tls == u.tls
+            && e.host == u.host
+            && e.port == u.port
+            && e.base_path == u.path
+        {
+            return Ok(e);
+        }
+    }
+    Endpoint::new(name, url).map(Arc::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_url("https://api.example.com/v1/").unwrap(),
+            UrlParts {
+                tls: true,
+                host: "api.example.com".into(),
+                port: 443,
+                path: "/v1".into()
+            }
+        );
+        assert_eq!(
+            parse_url("http://127.0.0.1:19300").unwrap(),
+            UrlParts {
+                tls: false,
+                host: "127.0.0.1".into(),
+                port: 19300,
+                path: String::new()
+            }
+        );
+        assert_eq!(parse_url("http://[::1]:8000/x").unwrap().host, "::1");
+        for bad in [
+            "ftp://x",
+            "http://",
+            "http://h:99999",
+            "http://u:p@h/",
+            "https://h/v1?key=1",
+            "127.0.0.1:80",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_resolve_and_unresolvable_ones_are_unavailable() {
+        let e = Endpoint::new("local", "http://localhost:8000").unwrap();
+        assert!(e.addr().is_some_and(|a| a.ip().is_loopback()));
+        assert!(e.available(0));
+        let bad = Endpoint::new("nowhere", "http://name.invalid:80").unwrap();
+        assert!(bad.addr().is_none());
+        assert!(!bad.available(0));
+        assert_eq!(bad.origin(), "http://name.invalid:80");
+    }
+}
