@@ -25,6 +25,8 @@ pub(crate) struct Parsed {
     pub max_tokens: Option<u64>,
     /// Prefill/decode disaggregation fields (SGLang bootstrap, vLLM kv_transfer_params).
     pub pd: PdFields,
+    /// SGLang's request id: `POST /abort_request {"rid"}` aborts the request.
+    pub rid: Option<String>,
 }
 
 /// Render a message-like `content`: a string, or an array of parts whose text
@@ -104,6 +106,14 @@ pub(crate) fn parse(api: Api, raw: &[u8]) -> Result<Parsed, String> {
         return Err("request body must be a JSON object".into());
     }
     let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
+    let rid = match body.get("rid") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(_)) => {
+            return Err("engine-sim does not support batched requests (rid arrays)".into())
+        }
+        Some(other) => return Err(format!("rid must be a string, got {other}")),
+    };
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body
         .pointer("/stream_options/include_usage")
@@ -178,6 +188,7 @@ pub(crate) fn parse(api: Api, raw: &[u8]) -> Result<Parsed, String> {
         prompt,
         max_tokens,
         pd: PdFields::from_body(&body),
+        rid,
     })
 }
 
@@ -472,6 +483,8 @@ pub(crate) struct StreamFmt {
     prompt: u32,
     pub chunks: u64,
     pub finished: bool,
+    /// Cached prompt tokens once admitted to the batch; `None` while queued.
+    admitted: Option<u32>,
 }
 
 fn sse(out: &mut String, event: Option<&str>, data: &Value) {
@@ -528,6 +541,7 @@ impl StreamFmt {
             prompt: prompt_tokens,
             chunks: 0,
             finished: false,
+            admitted: None,
         }
     }
 
@@ -577,6 +591,7 @@ impl StreamFmt {
 
     /// Events sent when the request is admitted to the batch.
     pub(crate) fn admitted(&mut self, out: &mut String, cached: u32) {
+        self.admitted = Some(cached);
         match self.meta.api {
             Api::Chat => {
                 // head ends with `"content":"`; insert the role before it
@@ -651,6 +666,55 @@ impl StreamFmt {
                 &error_body(Some(Api::Messages), status, message),
             ),
         }
+    }
+
+    /// The end of a stream aborted by `POST /abort_request` (SGLang: a graceful
+    /// abort ends the normal way, with `finish_reason` `"abort"`). Chat and
+    /// completions: a final chunk with `finish_reason: "abort"`, the usage chunk
+    /// (if asked for) and `[DONE]`. The Responses and Messages APIs have no such
+    /// finish reason: their error event, as [`failed`](Self::failed) with 500.
+    pub(crate) fn aborted(&mut self, out: &mut String, message: &str) {
+        let m = &self.meta;
+        let (obj, choice) = match m.api {
+            Api::Chat => {
+                let delta = if self.admitted.is_some() {
+                    json!({})
+                } else {
+                    json!({"role": "assistant", "content": ""})
+                };
+                (
+                    "chat.completion.chunk",
+                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": "abort"}),
+                )
+            }
+            Api::Completions => (
+                "text_completion",
+                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "abort", "stop_reason": null}),
+            ),
+            Api::Responses | Api::Messages => return self.failed(out, 500, message),
+        };
+        self.finished = true;
+        sse(
+            out,
+            None,
+            &json!({"id": m.id, "object": obj, "created": m.created, "model": m.model, "choices": [choice]}),
+        );
+        if m.include_usage {
+            let u = Usage {
+                prompt: self.prompt,
+                cached: self.admitted.unwrap_or(0),
+                completion: self.sent,
+            };
+            sse(
+                out,
+                None,
+                &json!({
+                    "id": m.id, "object": obj, "created": m.created, "model": m.model,
+                    "choices": [], "usage": Meta::openai_usage(&u),
+                }),
+            );
+        }
+        out.push_str("data: [DONE]\n\n");
     }
 
     /// Closing events.

@@ -17,10 +17,15 @@
 //! ([`Submit::remote_cached`]) got its prompt's KV from a prefill engine: it
 //! takes its blocks (prompt + output, not cacheable here) when admitted, skips
 //! the prefix lookup and the prefill, and emits its first token right away.
+//!
+//! A request aborted by `POST /abort_request` ([`crate::abort`]) is dropped
+//! wherever it is (queued, prefilling or decoding): its blocks are freed and it
+//! gets [`Ev::Aborted`]. The abort wakes the scheduler, which sweeps the queue
+//! and the batch for aborted requests before it admits or steps.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +33,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::{mpsc, Notify};
 
+use crate::abort::AbortRx;
 use crate::kvcache::KvCache;
 use crate::{Role, SimConfig};
 
@@ -51,6 +57,9 @@ pub(crate) enum Ev {
     /// The request failed after its response started (PD: the KV transfer
     /// did not complete). Never sent by the scheduler itself.
     Failed { status: u16, message: String },
+    /// `POST /abort_request` ended the request before it finished: the
+    /// scheduler dropped it from its queue or batch.
+    Aborted,
 }
 
 pub(crate) struct Submit {
@@ -67,6 +76,8 @@ pub(crate) struct Submit {
     /// lookup and no prefill compute; the first token is emitted at admission.
     /// The value is the prefill's cached-token count, reported in the usage.
     pub remote_cached: Option<u32>,
+    /// Abort signal of the request ([`crate::abort`]).
+    pub abort: Option<AbortRx>,
     pub tx: mpsc::UnboundedSender<Ev>,
 }
 
@@ -86,6 +97,13 @@ struct Req {
     decoding: bool,
     hold: Option<u64>,
     remote_cached: Option<u32>,
+    abort: Option<AbortRx>,
+}
+
+impl Req {
+    fn aborted(&self) -> bool {
+        self.abort.as_ref().is_some_and(AbortRx::is_set)
+    }
 }
 
 /// vLLM's TTFT histogram buckets.
@@ -184,8 +202,13 @@ pub struct Stats {
     pub generation_tokens: u64,
     /// Requests that finished generating.
     pub requests_finished: u64,
-    /// Requests cancelled because their client went away.
+    /// Requests the scheduler dropped before they finished: their client went
+    /// away, or `POST /abort_request` aborted them.
     pub requests_aborted: u64,
+    /// Requests ended by `POST /abort_request`, in any phase: queued, prefilling or
+    /// decoding (also counted in `requests_aborted`), a PD decode waiting for its
+    /// KV, an SGLang PD prefill holding its KV for a decode.
+    pub aborted_by_request: u64,
     /// Highest number of waiting requests observed.
     pub max_waiting: usize,
     /// Highest number of requests in their prefill phase at once: queued (waiting) or
@@ -243,6 +266,10 @@ pub(crate) struct Engine {
     state: Mutex<State>,
     notify: Notify,
     pub(crate) pd: PdCounters,
+    /// An abort was signalled: the scheduler sweeps for aborted requests.
+    abort_sweep: AtomicBool,
+    /// See [`Stats::aborted_by_request`].
+    pub(crate) aborted_by_request: AtomicU64,
 }
 
 /// What `/metrics` renders, copied out of the engine under one lock.
@@ -290,6 +317,8 @@ impl Engine {
             cfg,
             notify: Notify::new(),
             pd: PdCounters::default(),
+            abort_sweep: AtomicBool::new(false),
+            aborted_by_request: AtomicU64::new(0),
         })
     }
 
@@ -302,6 +331,11 @@ impl Engine {
         let now = Instant::now();
         {
             let mut st = self.state.lock();
+            // Aborted before it got here: the next sweep drops it. (An abort
+            // signalled after this check finds the request queued.)
+            if s.abort.as_ref().is_some_and(AbortRx::is_set) {
+                self.abort_sweep.store(true, Ordering::SeqCst);
+            }
             st.waiting.push_back(Req {
                 hashes: s.hashes,
                 prompt_tokens: s.prompt_tokens,
@@ -318,6 +352,7 @@ impl Engine {
                 decoding: false,
                 hold: s.hold,
                 remote_cached: s.remote_cached,
+                abort: s.abort,
             });
             let w = st.waiting.len();
             st.max_waiting = st.max_waiting.max(w);
@@ -325,6 +360,13 @@ impl Engine {
             let p = w + st.running.iter().filter(|r| !r.decoding).count();
             st.max_prefill_phase = st.max_prefill_phase.max(p);
         }
+        self.notify.notify_one();
+    }
+
+    /// `POST /abort_request` signalled some requests: wake the scheduler to drop
+    /// those it holds.
+    pub(crate) fn abort_signalled(&self) {
+        self.abort_sweep.store(true, Ordering::SeqCst);
         self.notify.notify_one();
     }
 
@@ -371,6 +413,7 @@ impl Engine {
             generation_tokens: st.m.generation_tokens,
             requests_finished: st.m.success_length + st.m.success_stop,
             requests_aborted: st.m.aborted,
+            aborted_by_request: get(&self.aborted_by_request),
             max_waiting: st.max_waiting,
             max_prefill_phase: st.max_prefill_phase,
             prefill_phase: st.waiting.len() + st.running.iter().filter(|r| !r.decoding).count(),
@@ -428,6 +471,11 @@ impl Engine {
             let wake = {
                 let mut st = self.state.lock();
                 let now = Instant::now();
+                if self.abort_sweep.swap(false, Ordering::SeqCst) {
+                    let n = st.drop_aborted();
+                    self.aborted_by_request
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
                 if let Some(d) = step_deadline {
                     if d <= now {
                         st.decode_step(now);
@@ -484,6 +532,37 @@ impl Engine {
 }
 
 impl State {
+    /// Drop the aborted requests from the queue and the batch (freeing their
+    /// blocks) and tell them; returns how many.
+    fn drop_aborted(&mut self) -> usize {
+        let State {
+            waiting,
+            running,
+            kv,
+            m,
+            ..
+        } = self;
+        let before = waiting.len() + running.len();
+        waiting.retain(|r| {
+            if !r.aborted() {
+                return true;
+            }
+            let _ = r.tx.send(Ev::Aborted);
+            false
+        });
+        running.retain(|r| {
+            if !r.aborted() {
+                return true;
+            }
+            kv.release(&r.hashes, r.anon);
+            let _ = r.tx.send(Ev::Aborted);
+            false
+        });
+        let n = before - waiting.len() - running.len();
+        m.aborted += n as u64;
+        n
+    }
+
     fn admit(&mut self, now: Instant, cfg: &SimConfig) {
         let bs = cfg.block_size;
         while self.running.len() < cfg.max_running {

@@ -12,7 +12,9 @@
 //! engine can also play one side of a prefill/decode-disaggregated fleet
 //! ([`Role`], [`PdMode`]): SGLang's bootstrap-room protocol or vLLM's
 //! `kv_transfer_params` protocol, with the KV handed over between engine-sims
-//! over loopback HTTP (see the `pd` module and `sim/README.md`).
+//! over loopback HTTP (see the `pd` module and `sim/README.md`). As SGLang's
+//! server, it aborts in-flight requests by the `rid` of their body on
+//! `POST /abort_request` (see the `abort` module).
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -22,6 +24,7 @@
 //! # Ok(()) }
 //! ```
 
+mod abort;
 mod api;
 pub mod decision;
 mod engine;

@@ -309,6 +309,13 @@ fn engine_sim(o: &mut String, cfg: &SimConfig, l: &str, snap: &Snapshot) {
         l,
         st.prefill_computed_tokens,
     );
+    counter(
+        o,
+        "engine_sim:aborted_by_request_total",
+        "Requests ended by POST /abort_request.",
+        l,
+        st.aborted_by_request,
+    );
     gauge(
         o,
         "engine_sim:pd_awaiting_kv",

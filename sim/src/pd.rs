@@ -31,6 +31,14 @@
 //! with a 500 error; the prefill's KV that nobody took is released at the same
 //! timeout. The decode checks that the KV is for its prompt (token count and
 //! hash) so a wrong room or transfer id never yields an answer.
+//!
+//! **Abort** (`POST /abort_request`, [`crate::abort`]): a decode waiting for its
+//! KV stops waiting and fails with a 500 at once (if it already took the KV, it
+//! still confirms the transfer so the prefill releases it); an SGLang prefill
+//! holding its KV for a decode fails the room (a decode polling it gets a 410),
+//! releases the KV and ends its response with a 500 (or an error event in a
+//! stream). A prefill still queued or prefilling is dropped by the scheduler and
+//! its room failed the same way.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +54,7 @@ use serde_json::{json, Value};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
+use crate::abort::AbortRx;
 use crate::engine::{Engine, Ev};
 use crate::{PdMode, Role, SimConfig};
 
@@ -454,12 +463,20 @@ pub(crate) struct PrefillJob {
     pub info: KvInfo,
     /// For error messages: `rid=… bootstrap_room=…`.
     pub what: String,
+    /// The request's name in abort messages ([`crate::abort::Ticket::name`]).
+    pub name: String,
+    pub abort: AbortRx,
 }
+
+/// Why a room or transfer failed when its prefill was aborted.
+const ABORTED: &str = "the prefill request was aborted by POST /abort_request";
 
 /// Prefill side: sit between the scheduler and the HTTP response. Token events
 /// pass through; when the prefill finishes, the KV is published and (SGLang) the
 /// response is finished only once a decode took it, or failed after the timeout.
 /// (vLLM) The response finishes at once and the KV stays pinned meanwhile.
+/// An abort ([`crate::abort`]) fails the room at any point before the decode took
+/// the KV (SGLang; a vLLM prefill's response is already over then).
 pub(crate) fn relay_prefill(
     engine: Arc<Engine>,
     reg: Arc<Registry>,
@@ -470,10 +487,20 @@ pub(crate) fn relay_prefill(
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         let timeout = Duration::from_millis(cfg.pd_timeout_ms);
+        let mut abort = job.abort.clone();
         while let Some(ev) = from_engine.recv().await {
-            let Ev::Done(usage) = ev else {
-                let _ = tx.send(ev);
-                continue;
+            let usage = match ev {
+                Ev::Done(usage) => usage,
+                Ev::Aborted => {
+                    // the scheduler dropped it (queued or prefilling)
+                    reg.fail(&job.key, ABORTED);
+                    let _ = tx.send(ev);
+                    return;
+                }
+                ev => {
+                    let _ = tx.send(ev);
+                    continue;
+                }
             };
             let info = KvInfo {
                 prompt_tokens: usage.prompt,
@@ -495,7 +522,29 @@ pub(crate) fn relay_prefill(
             if cfg.pd_mode == PdMode::Vllm {
                 let _ = tx.send(Ev::Done(usage));
             }
-            let done = Registry::wait_done(&slot, timeout).await;
+            let aborted = async {
+                match cfg.pd_mode {
+                    PdMode::Sglang => abort.wait().await,
+                    PdMode::Vllm => std::future::pending().await,
+                }
+            };
+            let done = tokio::select! {
+                done = Registry::wait_done(&slot, timeout) => done,
+                () = aborted => {
+                    // A decode that already took the KV finishes its transfer.
+                    reg.fail(&job.key, ABORTED);
+                    engine.release_hold(job.hold);
+                    engine.aborted_by_request.fetch_add(1, Ordering::Relaxed);
+                    let _ = tx.send(Ev::Failed {
+                        status: 500,
+                        message: format!(
+                            "Abort request {}: aborted by POST /abort_request while its KV waited for a decode engine ({})",
+                            job.name, job.what
+                        ),
+                    });
+                    return;
+                }
+            };
             engine.release_hold(job.hold);
             let counter = if done {
                 &engine.pd.transfers_sent
@@ -551,11 +600,13 @@ pub(crate) struct DecodeReq<'a> {
 
 /// Decode side: get the prompt's KV from the prefill engine named by `plan`,
 /// spending the simulated transfer time. `Err` is the message of a 500 error.
+/// An abort ends the wait at once.
 pub(crate) async fn receive_kv(
     engine: &Engine,
     cfg: &SimConfig,
     plan: &Plan,
     req: DecodeReq<'_>,
+    mut abort: AbortRx,
 ) -> Result<KvInfo, String> {
     let _awaiting = Awaiting::new(engine);
     let deadline = req.arrived + Duration::from_millis(cfg.pd_timeout_ms);
@@ -597,61 +648,84 @@ pub(crate) async fn receive_kv(
             _ => format!("KV transfer failed for request {what}: {msg}"),
         })
     };
-    let info = loop {
-        let now = Instant::now();
-        if now >= deadline {
-            let waited = now.duration_since(req.arrived).as_secs_f64();
-            let msg = match plan {
-                Plan::SglDecode { room, .. } => {
-                    format!("Request {room} timed out after {waited:.1}s in KVPoll.WaitingForInput")
-                }
-                _ => format!("the KV did not arrive within {waited:.1}s"),
-            };
-            return fail(&engine.pd.transfer_timeouts, msg);
-        }
-        let wait = (deadline - now).min(Duration::from_secs(2));
-        let path = format!("{claim_path}?wait_ms={}", wait.as_millis());
-        match post(
-            host,
-            port,
-            &path,
-            &claim_body,
-            wait + Duration::from_secs(2),
-        )
-        .await
-        {
-            Ok((200, body)) => match serde_json::from_slice::<KvInfo>(&body) {
-                Ok(info) => break info,
-                Err(e) => return fail(&engine.pd.transfer_errors, format!("bad KV info: {e}")),
-            },
-            // not published yet: the prefill already waited `wait`
-            Ok((404, body)) if is_pending(&body) => {}
-            Ok((status, body)) => {
-                let why = serde_json::from_slice::<Value>(&body)
-                    .ok()
-                    .and_then(|v| v["error"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-                return fail(
-                    &engine.pd.transfer_errors,
-                    format!("the prefill engine refused the transfer ({status}): {why}"),
-                );
+    let aborted = |what: &str| {
+        engine.aborted_by_request.fetch_add(1, Ordering::Relaxed);
+        Err(format!(
+            "Abort request {}: aborted by POST /abort_request while waiting for its KV ({what})",
+            req.rid
+        ))
+    };
+    let claim = async {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                let waited = now.duration_since(req.arrived).as_secs_f64();
+                let msg = match plan {
+                    Plan::SglDecode { room, .. } => {
+                        format!(
+                            "Request {room} timed out after {waited:.1}s in KVPoll.WaitingForInput"
+                        )
+                    }
+                    _ => format!("the KV did not arrive within {waited:.1}s"),
+                };
+                return fail(&engine.pd.transfer_timeouts, msg);
             }
-            // the prefill is not reachable (yet): retry until the deadline
-            Err(_) => {
-                let pause = Duration::from_millis(20)
-                    .min(deadline.saturating_duration_since(Instant::now()));
-                tokio::time::sleep(pause).await;
+            let wait = (deadline - now).min(Duration::from_secs(2));
+            let path = format!("{claim_path}?wait_ms={}", wait.as_millis());
+            match post(
+                host,
+                port,
+                &path,
+                &claim_body,
+                wait + Duration::from_secs(2),
+            )
+            .await
+            {
+                Ok((200, body)) => match serde_json::from_slice::<KvInfo>(&body) {
+                    Ok(info) => break Ok(info),
+                    Err(e) => return fail(&engine.pd.transfer_errors, format!("bad KV info: {e}")),
+                },
+                // not published yet: the prefill already waited `wait`
+                Ok((404, body)) if is_pending(&body) => {}
+                Ok((status, body)) => {
+                    let why = serde_json::from_slice::<Value>(&body)
+                        .ok()
+                        .and_then(|v| v["error"].as_str().map(str::to_string))
+                        .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+                    return fail(
+                        &engine.pd.transfer_errors,
+                        format!("the prefill engine refused the transfer ({status}): {why}"),
+                    );
+                }
+                // the prefill is not reachable (yet): retry until the deadline
+                Err(_) => {
+                    let pause = Duration::from_millis(20)
+                        .min(deadline.saturating_duration_since(Instant::now()));
+                    tokio::time::sleep(pause).await;
+                }
             }
         }
     };
+    let info = tokio::select! {
+        r = claim => r?,
+        () = abort.wait() => return aborted(&what),
+    };
     let matches = info.prompt_tokens == req.prompt_tokens && info.prompt_hash == req.prompt_hash;
+    let mut was_aborted = false;
     if matches {
         let ms =
             cfg.kv_transfer_ms_per_1k_tokens * info.prompt_tokens as f64 / 1000.0 / cfg.time_scale;
-        tokio::time::sleep(Duration::from_secs_f64(ms.max(0.0) / 1000.0)).await;
+        let transfer = tokio::time::sleep(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+        tokio::select! {
+            () = transfer => {}
+            () = abort.wait() => was_aborted = true,
+        }
     }
     // Free the prefill's KV either way.
     let _ = post(host, port, &done_path, &done_body, Duration::from_secs(5)).await;
+    if was_aborted {
+        return aborted(&what);
+    }
     if !matches {
         return fail(
             &engine.pd.transfer_errors,

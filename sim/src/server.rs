@@ -1,5 +1,6 @@
-//! HTTP/1.1 front end (hyper) with fault injection, and the HTTP side of the
-//! prefill/decode disaggregation protocols ([`crate::pd`]).
+//! HTTP/1.1 front end (hyper) with fault injection, the HTTP side of the
+//! prefill/decode disaggregation protocols ([`crate::pd`]) and SGLang's
+//! `POST /abort_request` ([`crate::abort`]).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -19,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
+use crate::abort::{Aborts, Target, Ticket};
 use crate::api::{self, Api, Meta, StreamFmt};
 use crate::decision;
 use crate::engine::{Engine, Ev, Submit, Usage};
@@ -50,6 +52,8 @@ pub(crate) struct Shared {
     pub faults: RwLock<Faults>,
     /// PD prefill: KV published for decode engines.
     pub pd: Arc<Registry>,
+    /// In-flight inference requests, for `POST /abort_request`.
+    aborts: Arc<Aborts>,
     fault_draws: AtomicU64,
     ids: AtomicU64,
     id_header: HeaderValue,
@@ -69,6 +73,7 @@ impl Shared {
         Arc::new(Shared {
             faults: RwLock::new(cfg.faults.clone()),
             pd: Arc::new(Registry::new(&cfg)),
+            aborts: Arc::default(),
             cfg,
             engine,
             fault_draws: AtomicU64::new(0),
@@ -96,6 +101,10 @@ enum SseState {
 }
 
 pub(crate) struct SseBody {
+    /// Registered while the stream lives. Declared before `rx` so it is dropped
+    /// first: once the scheduler sees the stream gone, the request is
+    /// unregistered.
+    ticket: Ticket,
     rx: mpsc::UnboundedReceiver<Ev>,
     fmt: StreamFmt,
     close_after: Option<u64>,
@@ -110,6 +119,7 @@ impl SseBody {
             Ev::Tokens { upto } => self.fmt.tokens(out, upto),
             Ev::Done(u) => self.fmt.done(out, &u),
             Ev::Failed { status, message } => self.fmt.failed(out, status, &message),
+            Ev::Aborted => self.fmt.aborted(out, &self.ticket.message()),
         }
     }
 
@@ -301,6 +311,9 @@ async fn handle(
     if let Some(rest) = path.strip_prefix("/sim/pd/") {
         return pd_endpoint(&shared, rest, req).await;
     }
+    if path == "/abort_request" {
+        return abort_request(&shared, method, req).await;
+    }
     let resp = match (method, path.as_str()) {
         (Method::GET, "/health" | "/ping" | "/health_generate") => {
             let mut r = Response::new(SimBody::Full(None));
@@ -393,6 +406,58 @@ async fn admin(
         (Method::GET, "stats") => json_response(StatusCode::OK, &json!(shared.engine.stats())),
         _ => not_found(),
     })
+}
+
+/// SGLang's `POST /abort_request`: `{"rid": "<rid>"}` aborts the in-flight
+/// requests whose body carried that rid, `{"abort_all": true}` all of them.
+/// 200 `{"aborted": n}` (n requests signalled; an unknown rid is not an error),
+/// 400 for a body that is not such a JSON object.
+async fn abort_request(
+    shared: &Shared,
+    method: Method,
+    req: Request<Incoming>,
+) -> Result<Response<SimBody>, BoxError> {
+    if method != Method::POST {
+        return Ok(json_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &json!({"detail": "Method Not Allowed"}),
+        ));
+    }
+    let body = read_body(req).await?;
+    let bad = |msg: &str| Ok(error_response(None, 400, msg));
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return bad(&format!("invalid JSON body: {e}")),
+    };
+    let Some(o) = v.as_object() else {
+        return bad(r#"the body must be a JSON object: {"rid": "<rid>"} or {"abort_all": true}"#);
+    };
+    let abort_all = match o.get("abort_all") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return bad(&format!("abort_all must be a boolean, got {other}")),
+    };
+    let rid = match o.get("rid") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => return bad(&format!("rid must be a string, got {other}")),
+    };
+    let n = if abort_all {
+        shared.aborts.abort(Target::All)
+    } else if rid.is_empty() {
+        // SGLang ignores an empty rid without abort_all
+        0
+    } else {
+        shared.aborts.abort(Target::Rid(rid))
+    };
+    if n > 0 {
+        shared.engine.abort_signalled();
+    }
+    log::debug!(
+        "engine-sim {}: abort_request rid={rid:?} abort_all={abort_all}: {n} request(s)",
+        shared.cfg.id
+    );
+    Ok(json_response(StatusCode::OK, &json!({"aborted": n})))
 }
 
 async fn inference(
@@ -511,16 +576,19 @@ async fn inference(
         Api::Responses => format!("resp_{tag}"),
         Api::Messages => format!("msg_{tag}"),
     };
+    // Abortable from here on, until the response ends (the ticket lives in this
+    // function, or in the SSE body).
+    let ticket = shared.aborts.register(parsed.rid.clone(), &id);
     // PD decode: the prompt's KV comes from the prefill engine first.
     let mut remote_cached = None;
     if matches!(plan, Plan::SglDecode { .. } | Plan::VllmDecode(_)) {
         let req = DecodeReq {
-            rid: &id,
+            rid: ticket.name(),
             prompt_tokens: prompt_tokens as u32,
             prompt_hash,
             arrived: arrived.into_std(),
         };
-        match pd::receive_kv(&shared.engine, cfg, &plan, req).await {
+        match pd::receive_kv(&shared.engine, cfg, &plan, req, ticket.signal()).await {
             Ok(info) => remote_cached = Some(info.cached_tokens.min(prompt_tokens as u32)),
             Err(msg) => return Ok(error_response(Some(api), 500, &msg)),
         }
@@ -538,7 +606,9 @@ async fn inference(
                 prompt_hash,
                 block_ids: Vec::new(),
             },
-            what: format!("rid={id} bootstrap_room={room}"),
+            what: format!("rid={} bootstrap_room={room}", ticket.name()),
+            name: ticket.name().to_string(),
+            abort: ticket.signal(),
         }),
         Plan::VllmPrefill => {
             let block_ids = shared.pd.block_ids(prompt_tokens.div_ceil(cfg.block_size));
@@ -563,6 +633,8 @@ async fn inference(
                     block_ids,
                 },
                 what: id.clone(),
+                name: ticket.name().to_string(),
+                abort: ticket.signal(),
             })
         }
         _ => None,
@@ -576,6 +648,7 @@ async fn inference(
         length_limited,
         hold: job.as_ref().map(|j| j.hold),
         remote_cached,
+        abort: Some(ticket.signal()),
         tx,
     });
     let mut rx = match job {
@@ -606,6 +679,7 @@ async fn inference(
         let mut start = String::new();
         fmt.start(&mut start);
         let body = SseBody {
+            ticket,
             rx,
             fmt,
             close_after: faults.close_after_chunks,
@@ -634,6 +708,7 @@ async fn inference(
             Ev::Failed { status, message } => {
                 return Ok(error_response(Some(api), status, &message));
             }
+            Ev::Aborted => return Ok(error_response(Some(api), 500, &ticket.message())),
             _ => {}
         }
     }
