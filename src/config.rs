@@ -698,6 +698,10 @@ pub struct ServiceConfig {
     /// Slot limits per instance or per service, and what happens beyond them; absent = off.
     #[serde(default)]
     pub throttling: Option<ThrottlingSettings>,
+    /// Prefill/decode disaggregation: the instances have roles (`prefill` / `decode`);
+    /// absent = integrated engines.
+    #[serde(default)]
+    pub pd: Option<PdSettings>,
     pub instances: Vec<InstanceConfig>,
 }
 
@@ -775,6 +779,67 @@ pub struct InstanceConfig {
     pub addr: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// `prefill` or `decode` in a prefill/decode-disaggregated service (`services[].pd`).
+    #[serde(default)]
+    pub role: Option<InstanceRole>,
+    /// SGLang prefill instances: the engine's `--disaggregation-bootstrap-port`, sent to the
+    /// decode instance as `bootstrap_port` (`pd.mode: sglang-mooncake`).
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
+}
+
+/// An instance's part in a prefill/decode-disaggregated service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceRole {
+    Prefill,
+    Decode,
+}
+
+impl InstanceRole {
+    pub fn plugin_role(self) -> tokengate_plugins::Role {
+        match self {
+            InstanceRole::Prefill => tokengate_plugins::Role::Prefill,
+            InstanceRole::Decode => tokengate_plugins::Role::Decode,
+        }
+    }
+}
+
+/// Prefill/decode disaggregation of a service (see [`crate::request::pd`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PdSettings {
+    /// The engines' KV hand-over protocol.
+    pub mode: PdMode,
+    /// How the decode instance is chosen (the service's scheduler chooses the prefill
+    /// instance): `least-token`, `least-request` or `round-robin`.
+    #[serde(default = "d_decode_policy")]
+    pub decode_policy: LbPolicy,
+}
+
+fn d_decode_policy() -> LbPolicy {
+    LbPolicy::LeastToken
+}
+
+/// The KV hand-over protocol of a prefill/decode-disaggregated service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PdMode {
+    /// SGLang with Mooncake: `bootstrap_host` / `bootstrap_port` / `bootstrap_room` in the
+    /// body, sent to the prefill and the decode instance at once.
+    SglangMooncake,
+    /// vLLM with NIXL: the prefill first (`max_tokens: 1`, `kv_transfer_params`), then the
+    /// decode with the `kv_transfer_params` the prefill returned.
+    VllmNixl,
+}
+
+impl PdMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PdMode::SglangMooncake => "sglang-mooncake",
+            PdMode::VllmNixl => "vllm-nixl",
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -940,9 +1005,14 @@ impl Config {
             }
             if let Some(t) = &s.throttling {
                 let p = format!("services[{si}].throttling");
-                if t.decode > 0 {
+                if t.decode > 0 && s.pd.is_none() {
                     errs.push(format!(
                         "{p}.decode: counts decode nodes of a prefill/decode-disaggregated service; services[{si}] has none (use prefill and total)"
+                    ));
+                }
+                if t.total > 0 && s.pd.is_some() {
+                    errs.push(format!(
+                        "{p}.total: not counted in a prefill/decode-disaggregated service (use prefill for the prefill nodes and decode for the decode nodes)"
                     ));
                 }
                 if t.prefill == 0 && t.total == 0 && t.decode == 0 {
@@ -959,6 +1029,7 @@ impl Config {
                     }
                 }
             }
+            validate_pd(si, s, &mut errs);
             if let Some(em) = &s.engine_metrics {
                 if em.interval.is_zero() || em.timeout.is_zero() {
                     errs.push(format!(
@@ -1059,6 +1130,12 @@ impl Config {
                 ));
             }
         }
+        let pd_services: HashSet<&str> = self
+            .services
+            .iter()
+            .filter(|s| s.pd.is_some())
+            .map(|s| s.name.as_str())
+            .collect();
         let mut rnames = HashSet::new();
         for (ri, r) in self.routes.iter().enumerate() {
             let p = format!("routes[{ri}]");
@@ -1101,6 +1178,15 @@ impl Config {
                     if r.targets.iter().all(|t| t.weight.unwrap_or(0) == 0) {
                         errs.push(format!("{p}.targets: at least one weight must be positive"));
                     }
+                }
+                RouteBy::Policy
+                    if r.targets
+                        .iter()
+                        .any(|t| pd_services.contains(t.service.as_str())) =>
+                {
+                    errs.push(format!(
+                        "{p}.route_by: policy schedules across the targets' instances, which cannot include a prefill/decode-disaggregated service (use weight or round-robin: the target's own scheduler then picks the pair)"
+                    ));
                 }
                 RouteBy::Policy => match &r.policy {
                     None => errs.push(format!("{p}.policy: required when route_by is policy")),
@@ -1204,6 +1290,71 @@ impl RouteConfig {
                     .iter()
                     .any(|x| matches!(x, PluginSettings::DecisionService { .. }))
             })
+    }
+}
+
+/// Roles and bootstrap ports of a service's instances against its `pd` settings.
+fn validate_pd(si: usize, s: &ServiceConfig, errs: &mut Vec<String>) {
+    let Some(pd) = &s.pd else {
+        for (ii, i) in s.instances.iter().enumerate() {
+            let p = format!("services[{si}].instances[{ii}]");
+            if i.role.is_some() {
+                errs.push(format!(
+                    "{p}.role: instances have roles only in a prefill/decode-disaggregated service; set services[{si}].pd (mode: sglang-mooncake or vllm-nixl)"
+                ));
+            }
+            if i.bootstrap_port.is_some() {
+                errs.push(format!(
+                    "{p}.bootstrap_port: only used by prefill instances of services[{si}].pd.mode sglang-mooncake"
+                ));
+            }
+        }
+        return;
+    };
+    if !matches!(
+        pd.decode_policy,
+        LbPolicy::LeastToken | LbPolicy::LeastRequest | LbPolicy::RoundRobin
+    ) {
+        errs.push(format!(
+            "services[{si}].pd.decode_policy: expected least-token, least-request or round-robin"
+        ));
+    }
+    let (mut prefill, mut decode) = (0, 0);
+    for (ii, i) in s.instances.iter().enumerate() {
+        let p = format!("services[{si}].instances[{ii}]");
+        match i.role {
+            None => errs.push(format!(
+                "{p}.role: required in a prefill/decode-disaggregated service (prefill or decode)"
+            )),
+            Some(InstanceRole::Prefill) => {
+                prefill += 1;
+                match (pd.mode, i.bootstrap_port) {
+                    (PdMode::SglangMooncake, None) => errs.push(format!(
+                        "{p}.bootstrap_port: required for a prefill instance in sglang-mooncake mode (the engine's --disaggregation-bootstrap-port; SGLang's default is 8998)"
+                    )),
+                    (PdMode::SglangMooncake, Some(0)) => {
+                        errs.push(format!("{p}.bootstrap_port: must be a port (1-65535)"))
+                    }
+                    (PdMode::VllmNixl, Some(_)) => errs.push(format!(
+                        "{p}.bootstrap_port: not used in vllm-nixl mode (the prefill returns where its KV is in kv_transfer_params)"
+                    )),
+                    _ => {}
+                }
+            }
+            Some(InstanceRole::Decode) => {
+                decode += 1;
+                if i.bootstrap_port.is_some() {
+                    errs.push(format!(
+                        "{p}.bootstrap_port: only prefill instances have a bootstrap port"
+                    ));
+                }
+            }
+        }
+    }
+    if prefill == 0 || decode == 0 {
+        errs.push(format!(
+            "services[{si}].instances: a prefill/decode-disaggregated service needs at least one prefill and one decode instance ({prefill} prefill, {decode} decode)"
+        ));
     }
 }
 

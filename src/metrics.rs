@@ -38,6 +38,8 @@ pub struct Metrics {
     pub slot_limit: IntGaugeVec,
     /// Requests sent to another region's gateway, by member and outcome.
     pub global_requests: IntCounterVec,
+    /// Prefill legs of disaggregated services, by prefill instance and outcome.
+    pub pd_prefill: IntCounterVec,
     /// Per service: estimated prompt tokens, the best match over all instances (ceiling) and
     /// the match on the chosen instance (predicted).
     pub prefix_tokens: IntCounterVec,
@@ -192,6 +194,14 @@ impl Metrics {
             &["instance", "phase"],
         )
         .expect("metric");
+        let pd_prefill = IntCounterVec::new(
+            Opts::new(
+                "tokengate_pd_prefill_total",
+                "Prefill legs of prefill/decode-disaggregated services, by prefill instance and outcome: ok, error (the decode is aborted; the request is retried on a new pair before any byte reached the client), aborted (the decode failed or the client left)",
+            ),
+            &["instance", "outcome"],
+        )
+        .expect("metric");
         let global_requests = IntCounterVec::new(
             Opts::new(
                 "tokengate_global_requests_total",
@@ -327,6 +337,7 @@ impl Metrics {
             Box::new(slots_in_use.clone()),
             Box::new(slot_limit.clone()),
             Box::new(global_requests.clone()),
+            Box::new(pd_prefill.clone()),
             Box::new(prefix_tokens.clone()),
             Box::new(engine_tokens.clone()),
             Box::new(hit_ratio.clone()),
@@ -363,6 +374,7 @@ impl Metrics {
             slots_in_use,
             slot_limit,
             global_requests,
+            pd_prefill,
             prefix_tokens,
             engine_tokens,
             hit_ratio,

@@ -27,8 +27,8 @@ use std::time::Duration;
 use tokengate_plugins::{
     AffinityStage, Available, CostModel, CostTolerance, DecisionTarget, Eligibility, Escape,
     FirstHit, HasFreeSlot, LbPolicy, LeastInflightScorer, LeastTokenScorer, Needs, NotTried,
-    Pipeline, PredictedTtftScorer, PrefixLayerConfig, PrefixScorer, PrefixStage, Scorer,
-    SessionAffinityScorer, SessionConfig, SessionKey, SessionTable, WeightedSum,
+    Pipeline, PredictedTtftScorer, PrefixLayerConfig, PrefixScorer, PrefixStage, Role, RoleIs,
+    Scorer, SessionAffinityScorer, SessionConfig, SessionKey, SessionTable, WeightedSum,
 };
 
 /// The tolerance of a predicted-TTFT rule, from optional settings.
@@ -174,6 +174,21 @@ fn base(picker: impl tokengate_plugins::Picker + 'static) -> Pipeline {
         .filter(HasFreeSlot)
 }
 
+/// [`base`] restricted to the instances of one role (prefill/decode disaggregation), when
+/// given.
+fn base_for(picker: impl tokengate_plugins::Picker + 'static, role: Option<Role>) -> Pipeline {
+    match role {
+        Some(r) => base(picker).filter(RoleIs(r)),
+        None => base(picker),
+    }
+}
+
+/// The decode pipeline of a prefill/decode-disaggregated service: the decode instances,
+/// balanced by `pd.decode_policy` (the service's scheduler picks the prefill instance).
+pub fn decode(policy: LbPolicy) -> Pipeline {
+    base_for(FirstHit::balance(policy), Some(Role::Decode))
+}
+
 /// The scheduler of `services[si]`. `prev` is the same service's scheduler before a reload,
 /// if it had the same mode (its session table is kept).
 pub fn service(
@@ -184,11 +199,13 @@ pub fn service(
     now_ms: u64,
 ) -> Result<Scheduler, String> {
     let who = format!("service {}", s.name);
+    // A disaggregated service's scheduler picks among the prefill instances.
+    let role = s.pd.as_ref().map(|_| Role::Prefill);
     Ok(match &s.scheduler {
         None => {
             let lb = s.load_balancing.unwrap_or(LbPolicy::LeastToken);
             Scheduler::new(
-                base(FirstHit::balance(lb).with_cost(cost.clone())),
+                base_for(FirstHit::balance(lb).with_cost(cost.clone()), role),
                 Vec::new(),
                 None,
                 format!("balance({lb})"),
@@ -241,7 +258,7 @@ pub fn service(
                 }));
             }
             let describe = format!("layered({})", fh.describe());
-            Scheduler::new(base(fh), sources, sessions, describe)
+            Scheduler::new(base_for(fh, role), sources, sessions, describe)
         }
         Some(SchedulerConfig::Policy(ps)) => policy(
             &who,
@@ -250,6 +267,7 @@ pub fn service(
             prev,
             cost,
             now_ms,
+            role,
         )?,
     })
 }
@@ -264,6 +282,7 @@ pub fn policy(
     prev: Option<&Scheduler>,
     cost: &Arc<CostModel>,
     now_ms: u64,
+    role: Option<Role>,
 ) -> Result<Scheduler, String> {
     let mut sessions = None;
     let mut decision = false;
@@ -300,7 +319,7 @@ pub fn policy(
             .join("+")
     );
     let picker = WeightedSum::new(scorers).map_err(|e| format!("{path}: {e}"))?;
-    let mut pipeline = base(picker);
+    let mut pipeline = base_for(picker, role);
     if decision {
         pipeline = pipeline.filter(DecisionTarget);
     }

@@ -40,10 +40,10 @@ impl Gateway {
         };
         // Admission to an instance: a throttling slot (reject, or wait in the queue); what
         // this region cannot take may go to another region's gateway.
-        let leg = match slot::take(&self.shared, slot::Asker::Client(session), &plan, &[]).await? {
-            Ok(leg) => leg,
+        let legs = match slot::take(&self.shared, slot::Asker::Client(session), &plan, &[]).await? {
+            Ok(legs) => legs,
             Err(d) => match d.overflow.then(|| global::leg(&plan, &[])).flatten() {
-                Some(leg) if !ctx.hop => leg,
+                Some(leg) if !ctx.hop => vec![leg],
                 _ => {
                     return request::reject_after(session, ctx, d.status, d.error, d.retry_after)
                         .await;
@@ -60,7 +60,7 @@ impl Gateway {
                 Handoff {
                     plan,
                     body,
-                    legs: vec![leg],
+                    legs,
                     content_type,
                     hop: ctx.hop,
                 },
@@ -70,7 +70,7 @@ impl Gateway {
         }
         ctx.plan = Some(plan);
         ctx.body = Some(body);
-        ctx.legs.push(leg);
+        ctx.legs = legs;
         Ok(false)
     }
 }
@@ -148,7 +148,7 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        dispatch::retry_on_status(resp, ctx)
+        dispatch::retry_on_status(resp, ctx).await
     }
 
     fn error_while_proxy(

@@ -43,8 +43,13 @@ pub struct Instance {
     pub engine_max_age_ms: Option<u64>,
     /// The service's throttle (a released slot wakes its queue).
     pub throttle: Option<Arc<Throttle>>,
-    /// Instance-scope slot limits (zero: none).
+    /// Instance-scope slot limits (zero: none). A decode node's `decode` limit is its
+    /// `total` here (it counts requests from dispatch, waiting for their KV, to completion).
     pub limits: Limits,
+    /// Integrated, or prefill / decode in a disaggregated service.
+    pub role: Role,
+    /// A prefill node's bootstrap port (SGLang).
+    pub bootstrap_port: Option<u16>,
 }
 
 impl HasLoad for Instance {
@@ -59,6 +64,22 @@ impl HasLoad for Instance {
 }
 
 impl Instance {
+    /// Feeds a request's outcome to the instance's passive health (`passive_health`).
+    pub fn passive(&self, failed: bool, p: &crate::config::PassiveHealthSettings, now: u64) {
+        let eject_ms = p.eject_for.as_millis() as u64;
+        if self
+            .health
+            .on_request(failed, p.max_failures, eject_ms, now)
+        {
+            log::warn!(
+                "instance {} ejected for {:?} after {} consecutive failed requests",
+                self.id,
+                p.eject_for,
+                p.max_failures
+            );
+        }
+    }
+
     /// The instance as a scheduling candidate; `idx` and `target` are the caller's numbering.
     pub fn candidate(&self, idx: usize, target: u32, now_ms: u64) -> Candidate {
         let s = self.load.snapshot();
@@ -66,7 +87,7 @@ impl Instance {
             idx,
             key: self.key,
             target,
-            role: Role::Integrated,
+            role: self.role,
             available: self.health.available(now_ms),
             inflight_requests: s.inflight_requests,
             inflight_tokens: s.inflight_tokens,
@@ -94,6 +115,18 @@ pub struct Service {
     pub counters: ServiceCounters,
     /// Request throttling, when configured (kept across reloads: its queue survives).
     pub throttle: Option<Arc<Throttle>>,
+    /// Prefill/decode disaggregation: `sched` picks the prefill instance, this the decode one.
+    pub pd: Option<Pd>,
+}
+
+/// A disaggregated service's protocol and decode picker.
+#[derive(Debug)]
+pub struct Pd {
+    pub mode: crate::config::PdMode,
+    /// Balances the decode instances (`pd.decode_policy`).
+    pub decode: tokengate_plugins::Pipeline,
+    /// The decode picker's request counter (round-robin).
+    pub turn: std::sync::atomic::AtomicU64,
 }
 
 impl Service {
@@ -106,12 +139,19 @@ impl Service {
             .collect()
     }
 
-    /// Whether an available instance not in `exclude` is left (a retry is possible).
+    /// Whether an available instance not in `exclude` is left (a retry is possible); for a
+    /// disaggregated service, a prefill and a decode instance.
     pub fn has_untried(&self, exclude: &[InstanceKey]) -> bool {
         let now = now_ms();
-        self.instances
-            .iter()
-            .any(|i| !exclude.contains(&i.key) && i.health.available(now))
+        let left = |role: Role| {
+            self.instances
+                .iter()
+                .any(|i| i.role == role && !exclude.contains(&i.key) && i.health.available(now))
+        };
+        match self.pd {
+            None => left(Role::Integrated),
+            Some(_) => left(Role::Prefill) && left(Role::Decode),
+        }
     }
 }
 
@@ -326,6 +366,7 @@ impl Runtime {
                         prefill: t.prefill,
                         total: t.total,
                     },
+                    decode: t.decode,
                     max_queue: t.max_queue,
                     queue_timeout: t.queue_timeout,
                     retry_after: t.retry_after,
@@ -340,6 +381,13 @@ impl Runtime {
             });
             let limits = match &throttle {
                 Some(t) if t.settings().scope == Scope::Instance => t.settings().limits,
+                _ => Limits::default(),
+            };
+            let decode_limits = match &throttle {
+                Some(t) if t.settings().scope == Scope::Instance => Limits {
+                    prefill: 0,
+                    total: t.settings().decode,
+                },
                 _ => Limits::default(),
             };
             let mut instances = Vec::with_capacity(s.instances.len());
@@ -360,6 +408,7 @@ impl Runtime {
                     }
                 };
                 let old = prev_inst(&i.id, addr);
+                let role = i.role.map_or(Role::Integrated, |r| r.plugin_role());
                 instances.push(Arc::new(Instance {
                     id: i.id.clone(),
                     id_header,
@@ -376,7 +425,16 @@ impl Runtime {
                         .as_ref()
                         .map(|e| 3 * e.interval.as_millis() as u64),
                     throttle: throttle.clone(),
-                    limits,
+                    limits: match role {
+                        Role::Decode => decode_limits,
+                        Role::Prefill => Limits {
+                            prefill: limits.prefill,
+                            total: 0,
+                        },
+                        Role::Integrated => limits,
+                    },
+                    role,
+                    bootstrap_port: i.bootstrap_port,
                 }));
             }
             let index = match prev_svc {
@@ -410,6 +468,11 @@ impl Runtime {
                 index,
                 counters: metrics.service_counters(&s.name),
                 throttle,
+                pd: s.pd.as_ref().map(|pd| Pd {
+                    mode: pd.mode,
+                    decode: pipelines::decode(pd.decode_policy),
+                    turn: std::sync::atomic::AtomicU64::new(0),
+                }),
             });
             services.insert(s.name.clone(), svc.clone());
             ordered.push(svc);
@@ -438,6 +501,7 @@ impl Runtime {
                         prev_sched,
                         &cost,
                         now,
+                        None,
                     ) {
                         Ok(s) => RouteMode::Policy(s),
                         Err(e) => {
@@ -607,16 +671,29 @@ impl Runtime {
                     "service": i.service,
                     "addr": i.addr.to_string(),
                     "labels": i.labels,
+                    "role": i.role.as_str(),
+                    "bootstrap_port": i.bootstrap_port,
                     "inflight_requests": l.inflight_requests,
                     "inflight_tokens": l.inflight_tokens,
                     "waiting": l.waiting,
                     "queued_prefill_tokens": l.prefill_tokens,
-                    "slots": i.throttle.as_ref().map(|_| serde_json::json!({
-                        "prefill": l.waiting,
-                        "decode": l.inflight_requests.saturating_sub(l.waiting),
-                        "total": l.inflight_requests,
-                        "limits": {"prefill": i.limits.prefill, "total": i.limits.total},
-                    })),
+                    "slots": i.throttle.as_ref().map(|_| match i.role {
+                        // A decode node's slots: its requests from dispatch to completion.
+                        Role::Decode => serde_json::json!({
+                            "decode": l.inflight_requests,
+                            "limits": {"decode": i.limits.total},
+                        }),
+                        Role::Prefill => serde_json::json!({
+                            "prefill": l.waiting,
+                            "limits": {"prefill": i.limits.prefill},
+                        }),
+                        Role::Integrated => serde_json::json!({
+                            "prefill": l.waiting,
+                            "decode": l.inflight_requests.saturating_sub(l.waiting),
+                            "total": l.inflight_requests,
+                            "limits": {"prefill": i.limits.prefill, "total": i.limits.total},
+                        }),
+                    }),
                     "decoding": l.inflight_requests.saturating_sub(l.waiting),
                     "completed": l.completed,
                     "errors": l.errors,
@@ -653,12 +730,13 @@ impl Runtime {
                     "service": s.name,
                     "overflow": format!("{:?}", st.overflow).to_lowercase(),
                     "scope": format!("{:?}", st.scope).to_lowercase(),
-                    "limits": {"prefill": st.limits.prefill, "total": st.limits.total},
+                    "limits": {"prefill": st.limits.prefill, "total": st.limits.total, "decode": st.decode},
                     "queued": t.queued(),
                     "max_queue": st.max_queue,
                     "service_slots_in_use": {
                         "prefill": t.pool.prefill.load(std::sync::atomic::Ordering::Relaxed),
                         "total": t.pool.total.load(std::sync::atomic::Ordering::Relaxed),
+                        "decode": t.decode_pool.total.load(std::sync::atomic::Ordering::Relaxed),
                     },
                 }))
             })

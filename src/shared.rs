@@ -13,6 +13,9 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Client of the routes' decision services (pooled).
     pub decision: DecisionClient,
+    /// Client of the prefill instances of disaggregated services, and of the engines'
+    /// abort endpoints (pooled, no timeout of its own: each call sets its own).
+    pub pd_http: reqwest::Client,
     /// Bumped each time a reload swaps the runtime in (background loops that wait for a
     /// configured interval re-read it at once).
     pub generation: tokio::sync::watch::Sender<u64>,
@@ -27,6 +30,11 @@ impl Shared {
             runtime: ArcSwap::from_pointee(rt),
             metrics,
             decision: DecisionClient::new(),
+            pd_http: reqwest::Client::builder()
+                .tcp_nodelay(true)
+                .pool_idle_timeout(std::time::Duration::from_secs(60))
+                .build()
+                .unwrap_or_default(),
             generation: tokio::sync::watch::Sender::new(0),
         }))
     }

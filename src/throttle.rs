@@ -5,8 +5,11 @@
 //! * `prefill` — requests from dispatch to their first token (queueing in the engine plus
 //!   prefill). Integrated instances and prefill nodes.
 //! * `total` — requests from dispatch to completion. Integrated instances only.
-//! * `decode` — requests from their first token to completion; decode nodes of a
-//!   prefill/decode-disaggregated service only.
+//! * `decode` — decode nodes of a prefill/decode-disaggregated service only: requests from
+//!   their dispatch to the decode node (which first waits for the KV, then decodes) to
+//!   completion, so that the requests decoding on a node never exceed it. On such a service
+//!   `prefill` counts on the prefill nodes (dispatch to the end of the prefill) and `total`
+//!   is not used.
 //!
 //! Scopes: `instance` — each instance is checked alone; only instances under their limits are
 //! candidates (the pipelines' `HasFreeSlot` filter), and taking the slot is an atomic
@@ -52,8 +55,12 @@ pub enum Scope {
 pub struct Settings {
     pub overflow: Overflow,
     pub scope: Scope,
-    /// Per-instance limits.
+    /// Per-instance limits (integrated instances; the prefill limit also counts on prefill
+    /// nodes).
     pub limits: Limits,
+    /// Per decode node of a disaggregated service: requests from dispatch (waiting for their
+    /// KV, then decoding) to completion; 0 = none.
+    pub decode: u64,
     pub max_queue: usize,
     pub queue_timeout: Duration,
     pub retry_after: Duration,
@@ -65,6 +72,8 @@ pub struct Settings {
 pub struct Throttle {
     settings: RwLock<Settings>,
     pub pool: Arc<SlotPool>,
+    /// The decode nodes' pool (scope `service` of a disaggregated service).
+    pub decode_pool: Arc<SlotPool>,
     queue: Mutex<VecDeque<Waiter>>,
     next_id: AtomicU64,
 }
@@ -101,6 +110,7 @@ impl Throttle {
         Throttle {
             settings: RwLock::new(settings),
             pool: Arc::new(SlotPool::default()),
+            decode_pool: Arc::new(SlotPool::default()),
             queue: Mutex::new(VecDeque::new()),
             next_id: AtomicU64::new(0),
         }
@@ -209,6 +219,7 @@ mod tests {
                 prefill: 1,
                 total: 0,
             },
+            decode: 0,
             max_queue,
             queue_timeout: Duration::from_secs(1),
             retry_after: Duration::from_secs(1),

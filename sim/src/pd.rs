@@ -27,6 +27,9 @@
 //! decodes. As in vLLM, a decode request whose params lack a field, or name no
 //! blocks (prompt shorter than a block), is simply prefilled locally.
 //!
+//! An SGLang prefill whose HTTP client goes away while its KV waits for a decode
+//! releases the KV at once (SGLang aborts a request whose client disconnected).
+//!
 //! A decode whose KV does not come within `pd_timeout_ms` (wall clock) fails
 //! with a 500 error; the prefill's KV that nobody took is released at the same
 //! timeout. The decode checks that the KV is for its prompt (token count and
@@ -542,6 +545,13 @@ pub(crate) fn relay_prefill(
                             job.name, job.what
                         ),
                     });
+                    return;
+                }
+                // SGLang aborts a request whose HTTP client went away: the KV it held for a
+                // decode is released at once rather than at the timeout.
+                () = tx.closed(), if cfg.pd_mode == PdMode::Sglang => {
+                    reg.fail(&job.key, "the prefill request's client went away");
+                    engine.release_hold(job.hold);
                     return;
                 }
             };

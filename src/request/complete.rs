@@ -8,12 +8,13 @@
 //! [`finish`] runs once per request, from Pingora's `logging` hook, whatever path the request
 //! took; [`attempt_failed`] ends an attempt that is retried on another instance.
 
-use super::{global, Ctx, Leg, LocalLeg, Plan, To};
+use super::{global, pd, Ctx, Guard, LegRole, LocalLeg, Plan, To};
 use crate::clock::now_ms;
 use crate::load::Outcome;
 use crate::runtime::{Instance, Runtime};
 use crate::shared::Shared;
-use log::{info, warn};
+use crate::usage::Usage;
+use log::info;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 use std::sync::Arc;
@@ -21,17 +22,7 @@ use tokengate_plugins::{Completion, RequestView};
 
 /// Feeds a request's outcome to the instance's passive health.
 fn passive(inst: &Arc<Instance>, failed: bool, rt: &Runtime, now: u64) {
-    let p = &rt.passive;
-    let eject_ms = p.eject_for.as_millis() as u64;
-    if inst
-        .health
-        .on_request(failed, p.max_failures, eject_ms, now)
-    {
-        warn!(
-            "instance {} ejected for {:?} after {} consecutive failed requests",
-            inst.id, p.eject_for, p.max_failures
-        );
-    }
+    inst.passive(failed, &rt.passive, now);
 }
 
 /// Tells the leg's scheduler how it ended.
@@ -47,40 +38,61 @@ fn feedback(leg: &LocalLeg, plan: &Plan, done: &Completion, now: u64) {
 }
 
 /// A member gateway's answer, for `tokengate_global_requests_total{member,outcome}`.
-fn count_remote(shared: &Shared, leg: &Leg, outcome: &str) {
-    if let Some(r) = leg.remote() {
-        shared
-            .metrics
-            .global_requests
-            .with_label_values(&[r.endpoint.name.as_str(), outcome])
-            .inc();
-    }
+fn count_remote(shared: &Shared, r: &super::RemoteLeg, outcome: &str) {
+    shared
+        .metrics
+        .global_requests
+        .with_label_values(&[r.endpoint.name.as_str(), outcome])
+        .inc();
 }
 
-/// The current attempt's main leg failed and the request is retried elsewhere. 5xx and
-/// connect failures count against the instance's passive health; a 429 (busy, not broken)
-/// does not: ejecting busy engines under overload would turn a slowdown into an outage.
+/// The current attempt failed and the request is retried elsewhere (or answered with an
+/// error). 5xx and connect failures count against the instance's passive health; a 429
+/// (busy, not broken) does not: ejecting busy engines under overload would turn a slowdown
+/// into an outage. A disaggregated pair blames one instance (see [`super::pd`]): the
+/// prefill when it failed (its own task already counted its health), else the decode; the
+/// other one is not counted and may serve the retry; a prefill still running is aborted.
 pub fn attempt_failed(shared: &Shared, ctx: &mut Ctx, plan: &Plan, retried_status: Option<u16>) {
-    let Some(pos) = ctx.legs.iter().position(|l| l.role == super::LegRole::Main) else {
-        return;
-    };
-    let leg = ctx.legs.swap_remove(pos);
     let now = now_ms();
-    match leg.to {
-        To::Local(l) => {
-            if retried_status.is_none_or(|s| s >= 500) {
-                passive(&l.instance, true, &plan.runtime, now);
-            }
-            feedback(&l, plan, &Completion::of(Outcome::Failed), now);
-            l.guard.finish(Outcome::Failed);
+    let mut pd = ctx.pd.take();
+    let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
+    if let Some(a) = pd.as_mut() {
+        ctx.tried.push(a.blamed());
+        if !prefill_failed {
+            a.abort_prefill();
         }
-        To::Remote(_) => {
-            let outcome = if retried_status.is_some() {
-                "refused"
-            } else {
-                "error"
-            };
-            count_remote(shared, &leg, outcome);
+    }
+    for leg in std::mem::take(&mut ctx.legs) {
+        match (leg.role, leg.to) {
+            (LegRole::Main, To::Local(l)) => {
+                let blamed = !prefill_failed;
+                if blamed && retried_status.is_none_or(|s| s >= 500) {
+                    passive(&l.instance, true, &plan.runtime, now);
+                }
+                feedback(&l, plan, &Completion::of(Outcome::Failed), now);
+                l.guard.finish(if blamed {
+                    Outcome::Failed
+                } else {
+                    Outcome::Cancelled
+                });
+            }
+            (LegRole::Prefill, To::Local(l)) => {
+                let o = if prefill_failed {
+                    Outcome::Failed
+                } else {
+                    Outcome::Cancelled
+                };
+                feedback(&l, plan, &Completion::of(o), now);
+                l.guard.finish(o);
+            }
+            (_, To::Remote(r)) => {
+                let outcome = if retried_status.is_some() {
+                    "refused"
+                } else {
+                    "error"
+                };
+                count_remote(shared, &r, outcome);
+            }
         }
     }
 }
@@ -89,8 +101,14 @@ pub fn attempt_failed(shared: &Shared, ctx: &mut Ctx, plan: &Plan, retried_statu
 /// work and time to first token (and its time per output token); the prefix index is
 /// corrected when the engine reported fewer cached tokens than the index predicted (the
 /// engine evicted the tail), then given the prompt again (the engine just computed it).
-fn learn(leg: &LocalLeg, dispatched: Option<std::time::Instant>, plan: &Plan, ctx: &Ctx, now: u64) {
-    let u = ctx.response.usage;
+fn learn(
+    leg: &LocalLeg,
+    dispatched: Option<std::time::Instant>,
+    plan: &Plan,
+    ctx: &Ctx,
+    u: Usage,
+    now: u64,
+) {
     // What the engine really had to prefill, when it said.
     let uncached = match (u.prompt, u.cached) {
         (Some(p), Some(c)) => p.saturating_sub(c),
@@ -165,20 +183,37 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     let u = ctx.response.usage;
     let m = &shared.metrics;
     let legs = std::mem::take(&mut ctx.legs);
+    // A disaggregated pair: the prefill's own usage (its cached tokens are the prefix
+    // cache's truth), and whether the decode failed because its prefill did.
+    let pd = ctx.pd.take();
+    let prefill_usage = pd.as_ref().and_then(|a| match a.side.state() {
+        pd::State::Done { usage, .. } => Some(usage),
+        _ => None,
+    });
+    let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
     let mut model: &str = ctx.plan.as_ref().map_or("-", |p| p.dest.name());
     let mut served_by: Option<String> = None;
+    // The metric's instance label: a pair's decode instance (its prefill instance is in
+    // tokengate_pd_prefill_total; pairs would multiply the label values).
+    let mut served_id: Option<String> = None;
     let mut served_service = None;
     if let Some(plan) = ctx.plan.as_ref() {
         let now = now_ms();
         for leg in legs {
             let dispatched = leg.dispatched;
             let dispatched_ms = leg.dispatched_ms;
-            if dispatched.is_some() {
+            let role = leg.role;
+            if dispatched.is_some() && role == LegRole::Main {
                 served_by = Some(leg.name().to_string());
+                if let To::Local(l) = &leg.to {
+                    if l.label.is_some() {
+                        served_id = Some(l.instance.id.clone());
+                    }
+                }
             }
             let l = match leg.to {
                 To::Local(l) => l,
-                To::Remote(_) => {
+                To::Remote(r) => {
                     if dispatched.is_some() {
                         let o = match (outcome, ctx.response.upstream_status) {
                             (Outcome::Completed, _) => "ok",
@@ -186,18 +221,35 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                             (Outcome::Cancelled, _) => "cancelled",
                             _ => "error",
                         };
-                        count_remote(shared, &leg, o);
+                        count_remote(shared, &r, o);
                     }
                     continue;
                 }
             };
-            if dispatched.is_some() {
+            // A prefill leg's health was counted when its prefill ended; a decode that
+            // failed because its prefill did is not to blame.
+            if dispatched.is_some() && role == LegRole::Main {
                 match outcome {
-                    Outcome::Failed => passive(&l.instance, true, &plan.runtime, now),
+                    Outcome::Failed if !prefill_failed => {
+                        passive(&l.instance, true, &plan.runtime, now)
+                    }
                     Outcome::Completed => passive(&l.instance, false, &plan.runtime, now),
-                    Outcome::Cancelled => {}
+                    _ => {}
                 }
             }
+            if l.instance.role == tokengate_plugins::Role::Decode {
+                // The decode instance holds no prompt for the index and no scheduler state.
+                l.guard.finish(outcome);
+                continue;
+            }
+            let u = match (role, prefill_usage) {
+                (LegRole::Prefill, Some(p)) => Usage {
+                    prompt: p.prompt.or(u.prompt),
+                    cached: p.cached.or(u.cached),
+                    completion: u.completion,
+                },
+                _ => u,
+            };
             let done = Completion {
                 outcome,
                 ttft_ms: match (dispatched, ctx.response.ttft) {
@@ -212,7 +264,7 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
             };
             feedback(&l, plan, &done, now);
             if outcome == Outcome::Completed {
-                learn(&l, dispatched, plan, ctx, now);
+                learn(&l, dispatched, plan, ctx, u, now);
             }
             if dispatched.is_some() {
                 // Refresh the prompt's last use (the index keeps whole seconds: a request that
@@ -243,16 +295,24 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 }
                 served_service = Some(l.service.clone());
             }
-            l.guard.finish(outcome);
+            match (role, l.guard) {
+                // A dispatched prefill's load is released by whoever ends it (below).
+                (LegRole::Prefill, Guard::Shared(_)) => {}
+                (_, g) => g.finish(outcome),
+            }
         }
+    }
+    if let Some(a) = pd {
+        a.end(outcome);
     }
     if let Some(s) = served_service.as_ref() {
         model = s.name.as_str();
     }
     let instance = served_by.as_deref().unwrap_or("-");
     let code = status.to_string();
+    let metric_instance = served_id.as_deref().unwrap_or(instance);
     m.requests
-        .with_label_values(&[model, instance, code.as_str()])
+        .with_label_values(&[model, metric_instance, code.as_str()])
         .inc();
     let dur = ctx.start.elapsed();
     if ctx.plan.is_some() {

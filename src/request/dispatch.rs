@@ -13,7 +13,7 @@
 //!   first SSE event carrying output, or the end of a non-stream body) ends the leg's prefill
 //!   phase and gives the TTFT; the usage is read from the JSON body or the SSE events.
 
-use super::{complete, global, slot, Ctx, LegRole, Plan, To};
+use super::{complete, global, pd, slot, Ctx, LegRole, Plan, To};
 use crate::api;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -42,15 +42,29 @@ pub fn gw_err(e: GatewayError) -> Box<Error> {
 }
 
 /// Whether another attempt is allowed: attempts left and an untried available instance (or,
-/// for a request sent to another region, another member gateway).
+/// for a request sent to another region, another member gateway). A disaggregated service's
+/// failed pair blames one of its instances (see [`super::pd`]): the other one may be used
+/// again.
 pub fn can_retry(ctx: &Ctx) -> bool {
-    let Some(p) = ctx.plan.as_ref() else {
-        return false;
-    };
+    ctx.plan.as_ref().is_some_and(|p| can_retry_plan(ctx, p))
+}
+
+/// [`can_retry`] while the plan is out of the context (during dispatch).
+fn can_retry_plan(ctx: &Ctx, p: &Plan) -> bool {
     if ctx.main_leg().is_some_and(|l| l.remote().is_some()) {
         return global::has_next(p, &ctx.tried_members);
     }
-    ctx.tried.len() < MAX_ATTEMPTS && p.dest.has_untried(&ctx.tried)
+    if ctx.attempts >= MAX_ATTEMPTS {
+        return false;
+    }
+    match ctx.pd.as_ref() {
+        Some(a) => {
+            let mut excluded = ctx.tried.clone();
+            excluded.push(a.blamed());
+            p.dest.has_untried(&excluded)
+        }
+        None => p.dest.has_untried(&ctx.tried),
+    }
 }
 
 /// `upstream_peer`: dispatches the main leg (picking it again on a retry) and returns its
@@ -80,101 +94,136 @@ async fn dispatch_main(
         was_remote = l.remote().is_some();
         complete::attempt_failed(shared, ctx, plan, retried);
     }
-    if ctx.main_leg().is_none() {
-        let leg = if was_remote {
-            // The next member gateway.
-            match global::leg(plan, &ctx.tried_members) {
-                Some(l) => l,
-                None => {
-                    return Err(gw_err(GatewayError::Unavailable(format!(
-                        "no gateway of another region took the request ({} tried)",
-                        ctx.tried_members.len()
-                    ))))
+    loop {
+        if ctx.main_leg().is_none() {
+            let legs = if was_remote {
+                // The next member gateway.
+                match global::leg(plan, &ctx.tried_members) {
+                    Some(l) => vec![l],
+                    None => {
+                        return Err(gw_err(GatewayError::Unavailable(format!(
+                            "no gateway of another region took the request ({} tried)",
+                            ctx.tried_members.len()
+                        ))))
+                    }
                 }
+            } else {
+                if ctx.attempts >= MAX_ATTEMPTS {
+                    return Err(gw_err(GatewayError::BadGateway(format!(
+                        "{} attempts to reach an instance of {:?} failed",
+                        ctx.attempts,
+                        plan.dest.name()
+                    ))));
+                }
+                // A retry re-takes a slot (the failed attempt gave its slot back), waiting in
+                // the queue in queue mode.
+                let asker = slot::Asker::Headers(&session.req_header().headers);
+                match slot::take(shared, asker, plan, &ctx.tried).await? {
+                    Ok(legs) => legs,
+                    Err(d) => return Err(gw_err(d.error)),
+                }
+            };
+            ctx.legs = legs;
+        }
+        let peer = dispatch_legs(shared, ctx, plan)?;
+        if ctx.legs.iter().any(|l| l.role == LegRole::Prefill) {
+            // A disaggregated service: the prefill side first (vLLM: all of it).
+            if let Err(f) = pd::dispatch(shared, session, ctx, plan).await {
+                let prefill = ctx.pd.as_ref().map(|a| a.prefill.id.clone());
+                if f.retryable() && can_retry_plan(ctx, plan) {
+                    complete::attempt_failed(shared, ctx, plan, None);
+                    continue;
+                }
+                complete::attempt_failed(shared, ctx, plan, None);
+                return Err(gw_err(f.gateway_error(prefill.as_deref().unwrap_or("-"))));
             }
-        } else {
-            if ctx.tried.len() >= MAX_ATTEMPTS {
-                return Err(gw_err(GatewayError::BadGateway(format!(
-                    "{} attempts to reach an instance of {:?} failed",
-                    ctx.tried.len(),
-                    plan.dest.name()
-                ))));
-            }
-            // A retry re-takes a slot (the failed attempt gave its slot back), waiting in the
-            // queue in queue mode.
-            let asker = slot::Asker::Headers(&session.req_header().headers);
-            match slot::take(shared, asker, plan, &ctx.tried).await? {
-                Ok(leg) => leg,
-                Err(d) => return Err(gw_err(d.error)),
-            }
-        };
-        ctx.legs.push(leg);
+        }
+        return Ok(peer);
     }
-    let Some(li) = ctx.legs.iter().position(|l| l.role == LegRole::Main) else {
+}
+
+/// Dispatches the attempt's legs: each is counted and explained, the scheduler and the
+/// prefix index learn the instance that computes the prompt (the prefill instance of a
+/// disaggregated service), and the main leg's peer is built.
+fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<HttpPeer>> {
+    ctx.attempts += 1;
+    let now = now_ms();
+    let at = Instant::now();
+    let mut peer = None;
+    let mut rewritten = None;
+    for leg in ctx.legs.iter_mut() {
+        if leg.role == LegRole::Main {
+            leg.dispatched = Some(at);
+            leg.dispatched_ms = now;
+            shared
+                .metrics
+                .decisions
+                .with_label_values(&[leg.metric_reason()])
+                .inc();
+            if let Some(x) = &leg.explain {
+                debug!(
+                    "route {} model={} dest={} {}",
+                    plan.request_id,
+                    plan.info.model,
+                    plan.dest.name(),
+                    x
+                );
+            }
+            ctx.reason = leg.reason.clone();
+        }
+        match &leg.to {
+            To::Local(l) => {
+                if l.instance.role != tokengate_plugins::Role::Decode {
+                    // The scheduler and the prefix index learn the dispatch.
+                    if let Some(s) = l.by.scheduler() {
+                        let view = RequestView {
+                            session: l.session,
+                            blocks: &plan.blocks,
+                            now_ms: now,
+                            ..RequestView::default()
+                        };
+                        s.pipeline.on_dispatch(&view, &l.cand);
+                    }
+                    l.service.index.insert(&plan.blocks, l.instance.key, now);
+                }
+                if leg.role != LegRole::Main {
+                    continue;
+                }
+                // The engine serves the service's name: rewrite `model` when the client named
+                // a route or fell back to the default model (once: a disaggregated service
+                // keeps the rewritten body for its retries).
+                if l.service.name != plan.info.model && ctx.pd_base.is_none() {
+                    rewritten = ctx
+                        .body
+                        .as_ref()
+                        .and_then(|b| api::rewrite_model(b, &l.service.name));
+                }
+                if l.service.pd.is_none() {
+                    ctx.tried.push(l.instance.key);
+                }
+                peer = Some(HttpPeer::new(l.instance.addr, false, String::new()));
+            }
+            To::Remote(r) => {
+                let e = r.endpoint.clone();
+                ctx.tried_members.push(e.name.clone());
+                let Some(addr) = e.addr() else {
+                    return Err(gw_err(GatewayError::Unavailable(format!(
+                        "{} ({}) does not resolve",
+                        e.name,
+                        e.origin()
+                    ))));
+                };
+                peer = Some(HttpPeer::new(addr, e.tls, e.host.clone()));
+            }
+        }
+    }
+    if let Some(b) = rewritten {
+        ctx.body = Some(Bytes::from(b));
+    }
+    let Some(mut peer) = peer else {
         return Err(Error::explain(ErrorType::InternalError, "no leg"));
     };
-    let leg = &mut ctx.legs[li];
-    leg.dispatched = Some(Instant::now());
-    let now = now_ms();
-    leg.dispatched_ms = now;
-    shared
-        .metrics
-        .decisions
-        .with_label_values(&[leg.metric_reason()])
-        .inc();
-    if let Some(x) = &leg.explain {
-        debug!(
-            "route {} model={} dest={} {}",
-            plan.request_id,
-            plan.info.model,
-            plan.dest.name(),
-            x
-        );
-    }
-    ctx.reason = leg.reason.clone();
     let t = &plan.runtime.timeouts;
-    let mut peer = match &leg.to {
-        To::Local(l) => {
-            // The scheduler and the prefix index learn the dispatch.
-            if let Some(s) = l.by.scheduler() {
-                let view = RequestView {
-                    session: l.session,
-                    blocks: &plan.blocks,
-                    now_ms: now,
-                    ..RequestView::default()
-                };
-                s.pipeline.on_dispatch(&view, &l.cand);
-            }
-            l.service.index.insert(&plan.blocks, l.instance.key, now);
-            // The engine serves the service's name: rewrite `model` when the client named a
-            // route or fell back to the default model.
-            let rewritten = (l.service.name != plan.info.model)
-                .then(|| {
-                    ctx.body
-                        .as_ref()
-                        .and_then(|b| api::rewrite_model(b, &l.service.name))
-                })
-                .flatten();
-            let addr = l.instance.addr;
-            ctx.tried.push(l.instance.key);
-            if let Some(b) = rewritten {
-                ctx.body = Some(Bytes::from(b));
-            }
-            HttpPeer::new(addr, false, String::new())
-        }
-        To::Remote(r) => {
-            let e = r.endpoint.clone();
-            ctx.tried_members.push(e.name.clone());
-            let Some(addr) = e.addr() else {
-                return Err(gw_err(GatewayError::Unavailable(format!(
-                    "{} ({}) does not resolve",
-                    e.name,
-                    e.origin()
-                ))));
-            };
-            HttpPeer::new(addr, e.tls, e.host.clone())
-        }
-    };
     peer.options.connection_timeout = Some(t.connect);
     peer.options.total_connection_timeout = Some(t.connect);
     peer.options.read_timeout = Some(t.first_byte.max(t.idle));
@@ -203,8 +252,34 @@ pub fn fail_to_connect(ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
 /// downstream yet: Pingora runs the response filters on a batch of upstream tasks before
 /// writing any of them. With no attempt or instance left, the engine's answer is passed
 /// through.
-pub fn retry_on_status(resp: &ResponseHeader, ctx: &mut Ctx) -> Result<()> {
+///
+/// A disaggregated pair: when the decode answered an error, the prefill's outcome is
+/// awaited briefly ([`pd::settle_after_decode_error`]); a failed prefill makes the attempt
+/// retryable (a fresh room on a new pair) whatever the decode answered, or, with no retry
+/// left or a bad request, the prefill's error is the answer.
+pub async fn retry_on_status(resp: &ResponseHeader, ctx: &mut Ctx) -> Result<()> {
     let status = resp.status.as_u16();
+    if ctx.pd.is_some() {
+        pd::settle_after_decode_error(ctx, status).await;
+        let failed = ctx
+            .pd
+            .as_ref()
+            .and_then(|a| a.side.failure().map(|f| (f, a.prefill.id.clone())));
+        if let Some((f, prefill)) = failed {
+            if ctx.local_status.is_none() && f.retryable() && can_retry(ctx) {
+                warn!(
+                    "request {}: prefill instance {prefill} failed ({}); retrying with a new pair",
+                    ctx.request_id, f.message
+                );
+                ctx.response.retry_status = Some(status);
+                let mut e =
+                    Error::explain(RETRY_STATUS, format!("prefill instance {prefill} failed"));
+                e.set_retry(true);
+                return Err(e.into_up());
+            }
+            return Err(gw_err(f.gateway_error(&prefill)));
+        }
+    }
     let remote = ctx.main_leg().is_some_and(|l| l.remote().is_some());
     let retryable = if remote {
         global::REFUSALS.contains(&status)
@@ -244,7 +319,12 @@ pub fn error_while_proxy(
     ctx: &mut Ctx,
     client_reused: bool,
 ) -> Box<Error> {
-    let mut e = e.more_context(format!("Peer: {peer}"));
+    // A gateway error (its context is the client's message) stays as it is.
+    let mut e = if matches!(e.etype(), ErrorType::HTTPStatus(_)) {
+        e
+    } else {
+        e.more_context(format!("Peer: {peer}"))
+    };
     let reset_before_answer = !ctx.response.answered
         && e.esource() == &pingora::ErrorSource::Upstream
         && matches!(
@@ -384,6 +464,15 @@ pub fn response_body(
 ) -> Result<Option<Duration>> {
     if ctx.local_status.is_some() {
         return Ok(None);
+    }
+    if !ctx.response.first_token {
+        // A disaggregated pair whose prefill failed after the decode answered: its KV will
+        // not come.
+        if let Some(a) = ctx.pd.as_ref() {
+            if let Some(f) = a.side.failure() {
+                return Err(gw_err(f.gateway_error(&a.prefill.id)));
+            }
+        }
     }
     if let Some(b) = body.as_ref() {
         if let Some(sse) = ctx.response.sse.as_mut() {

@@ -16,6 +16,7 @@ pub mod admit;
 pub mod complete;
 pub mod dispatch;
 pub mod global;
+pub mod pd;
 pub mod plan;
 pub mod slot;
 
@@ -57,6 +58,8 @@ pub struct Plan {
 pub enum ChosenBy {
     Service(Arc<Service>),
     Route(Arc<Route>),
+    /// A disaggregated service's decode picker (stateless load balancing: nothing to tell).
+    Decode,
 }
 
 impl ChosenBy {
@@ -64,6 +67,7 @@ impl ChosenBy {
         match self {
             ChosenBy::Service(s) => Some(&s.sched),
             ChosenBy::Route(r) => r.scheduler(),
+            ChosenBy::Decode => None,
         }
     }
 }
@@ -71,8 +75,38 @@ impl ChosenBy {
 /// What a leg is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LegRole {
-    /// The upstream whose response the client receives.
+    /// The upstream whose response the client receives (a disaggregated service's decode
+    /// instance).
     Main,
+    /// A disaggregated service's prefill instance ([`pd`]).
+    Prefill,
+}
+
+/// A leg's hold on its instance's load: its own guard, or (a prefill leg once dispatched)
+/// shared with the task that reads the prefill's response ([`pd::Side`]).
+pub enum Guard {
+    Held(LoadGuard<Instance>),
+    Shared(Arc<pd::Side>),
+    /// Only while being moved.
+    Gone,
+}
+
+impl Guard {
+    pub fn first_token(&mut self) {
+        match self {
+            Guard::Held(g) => g.first_token(),
+            Guard::Shared(s) => s.first_token(),
+            Guard::Gone => {}
+        }
+    }
+
+    pub fn finish(self, o: crate::load::Outcome) {
+        match self {
+            Guard::Held(g) => g.finish(o),
+            Guard::Shared(s) => s.finish(o),
+            Guard::Gone => {}
+        }
+    }
 }
 
 /// Prefix-cache figures of one decision, in blocks.
@@ -115,7 +149,10 @@ pub struct LocalLeg {
     pub cand: Candidate,
     pub session: Option<SessionKey>,
     pub prefix: PrefixFigures,
-    pub guard: LoadGuard<Instance>,
+    pub guard: Guard,
+    /// The name shown instead of the instance id (a prefill/decode pair: `p1+d1`), and as
+    /// the `x-tokengate-instance` header value.
+    pub label: Option<(String, HeaderValue)>,
     /// Prefill tokens queued on the instance (by this gateway) when the leg was picked.
     pub queued_ahead: u64,
     /// This request's uncached prompt tokens there, as the index predicted them.
@@ -162,7 +199,7 @@ impl Leg {
     /// The instance id, or the remote upstream's name.
     pub fn name(&self) -> &str {
         match &self.to {
-            To::Local(l) => &l.instance.id,
+            To::Local(l) => l.label.as_ref().map_or(&l.instance.id, |x| &x.0),
             To::Remote(r) => &r.endpoint.name,
         }
     }
@@ -170,7 +207,10 @@ impl Leg {
     /// [`Leg::name`] as the `x-tokengate-instance` header value.
     pub fn id_header(&self) -> HeaderValue {
         match &self.to {
-            To::Local(l) => l.instance.id_header.clone(),
+            To::Local(l) => l
+                .label
+                .as_ref()
+                .map_or_else(|| l.instance.id_header.clone(), |x| x.1.clone()),
             To::Remote(r) => r.endpoint.id_header.clone(),
         }
     }
@@ -205,8 +245,14 @@ pub struct Ctx {
     pub body: Option<Bytes>,
     /// The current attempt's legs (the main leg first).
     pub legs: Vec<Leg>,
-    /// Instances already tried by this request.
+    /// Instances not to try again (tried, or blamed for a failed attempt).
     pub tried: Vec<InstanceKey>,
+    /// Attempts dispatched so far.
+    pub attempts: usize,
+    /// A disaggregated service: the current attempt's pair and its prefill's progress.
+    pub pd: Option<pd::Attempt>,
+    /// A disaggregated service: the body before the per-attempt fields (kept for retries).
+    pub pd_base: Option<Bytes>,
     /// Member gateways already tried (global scheduling).
     pub tried_members: Vec<String>,
     /// The request came from another region's gateway: it is never forwarded again.
@@ -233,6 +279,9 @@ impl Ctx {
             body: None,
             legs: Vec::new(),
             tried: Vec::new(),
+            attempts: 0,
+            pd: None,
+            pd_base: None,
             tried_members: Vec::new(),
             hop: false,
             reason: Cow::Borrowed(""),

@@ -9,7 +9,7 @@
 //! runs one pipeline across every target's instances.
 
 use super::admit::Admitted;
-use super::{ChosenBy, Leg, LegRole, LocalLeg, Plan, PrefixFigures, To};
+use super::{ChosenBy, Guard, Leg, LegRole, LocalLeg, Plan, PrefixFigures, To};
 use crate::api::{self, RequestInfo};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -27,7 +27,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokengate_plugins::rand::rngs::SmallRng;
 use tokengate_plugins::rand::SeedableRng;
-use tokengate_plugins::{block_hashes, Candidate, Decision, InstanceKey, PrefixMatch, RequestView};
+use tokengate_plugins::{
+    block_hashes, Candidate, Decision, InstanceKey, PrefixMatch, RequestView, Role,
+};
 
 thread_local! {
     static RNG: RefCell<SmallRng> = RefCell::new(SmallRng::from_entropy());
@@ -100,13 +102,14 @@ pub async fn plan(
     Ok((plan, upstream_body))
 }
 
-/// Picks the main leg: an instance of the plan's destination not in `tried`, with its load
-/// guard — and its throttling slot — taken.
+/// Picks the legs of an attempt: an instance of the plan's destination not in `tried`
+/// (for a disaggregated service, a prefill and a decode instance: the decode is the main
+/// leg, first), each with its load guard — and its throttling slot — taken.
 pub fn pick(
     plan: &Plan,
     headers: &http::HeaderMap,
     tried: &[InstanceKey],
-) -> Result<Leg, PickError> {
+) -> Result<Vec<Leg>, PickError> {
     let none = || {
         PickError::Unavailable(GatewayError::Unavailable(format!(
             "no instance of {:?} is available ({} tried)",
@@ -127,16 +130,20 @@ pub fn pick(
                 let t = wrr
                     .pick(|t| r.targets[t].has_untried(tried))
                     .ok_or_else(none)?;
-                let mut leg = ask.in_service(&r.targets[t])?.ok_or_else(none)?;
+                let mut legs = ask.in_service(&r.targets[t])?.ok_or_else(none)?;
+                let leg = &mut legs[0];
                 leg.reason = Cow::Owned(format!(
                     "{}({})+{}",
                     by.as_str(),
                     r.targets[t].name,
                     leg.reason
                 ));
-                Ok(leg)
+                Ok(legs)
             }
-            RouteMode::Policy(sched) => ask.across_route(r, sched)?.ok_or_else(none),
+            RouteMode::Policy(sched) => ask
+                .across_route(r, sched)?
+                .map(|l| vec![l])
+                .ok_or_else(none),
         },
     }
 }
@@ -190,6 +197,66 @@ impl Ask<'_> {
         })
     }
 
+    /// The load guard of a request on `inst`, within its throttling limits (`None` when a
+    /// slot is missing: taken meanwhile by a concurrent request).
+    fn guard(
+        &self,
+        service: &Service,
+        inst: &Arc<Instance>,
+        uncached: u64,
+    ) -> Option<LoadGuard<Instance>> {
+        let tokens = self.plan.info.expected_tokens();
+        let Some(t) = &service.throttle else {
+            return Some(LoadGuard::acquire(inst.clone(), tokens, uncached));
+        };
+        let st = t.settings();
+        match st.scope {
+            Scope::Instance => {
+                LoadGuard::try_acquire(inst.clone(), tokens, uncached, inst.limits, None)
+            }
+            Scope::Service => {
+                // The service's pool: the per-instance limits × its available instances (of
+                // the same role).
+                let n = service
+                    .instances
+                    .iter()
+                    .filter(|i| i.role == inst.role && i.health.available(self.now))
+                    .count()
+                    .max(1) as u64;
+                let (pool, limits) = match inst.role {
+                    Role::Decode => (
+                        &t.decode_pool,
+                        Limits {
+                            prefill: 0,
+                            total: st.decode * n,
+                        },
+                    ),
+                    Role::Prefill => (
+                        &t.pool,
+                        Limits {
+                            prefill: st.limits.prefill * n,
+                            total: 0,
+                        },
+                    ),
+                    Role::Integrated => (
+                        &t.pool,
+                        Limits {
+                            prefill: st.limits.prefill * n,
+                            total: st.limits.total * n,
+                        },
+                    ),
+                };
+                LoadGuard::try_acquire(
+                    inst.clone(),
+                    tokens,
+                    uncached,
+                    Limits::default(),
+                    Some((pool, limits)),
+                )
+            }
+        }
+    }
+
     /// The leg for the picked candidate, holding its load guard and throttling slot (`None`
     /// when the slot was taken meanwhile by a concurrent request).
     fn leg(
@@ -199,49 +266,22 @@ impl Ask<'_> {
         by: ChosenBy,
         cand: Candidate,
         p: Picked,
+        role: LegRole,
     ) -> Option<Leg> {
         // The prefill work this request brings to the instance: its prompt minus the prefix
-        // the index says the instance holds.
+        // the index says the instance holds (none on a decode instance).
         let bt = self.plan.runtime.block_tokens as u64;
-        let uncached = self
-            .plan
-            .info
-            .prompt_tokens_est
-            .saturating_sub(u64::from(p.d.matched_blocks) * bt);
-        let tokens = self.plan.info.expected_tokens();
-        let guard = match &service.throttle {
-            None => LoadGuard::acquire(inst.clone(), tokens, uncached),
-            Some(t) => {
-                let st = t.settings();
-                match st.scope {
-                    Scope::Instance => {
-                        LoadGuard::try_acquire(inst.clone(), tokens, uncached, st.limits, None)?
-                    }
-                    Scope::Service => {
-                        // The service's pool: the per-instance limits × its available instances.
-                        let n = service
-                            .instances
-                            .iter()
-                            .filter(|i| i.health.available(self.now))
-                            .count()
-                            .max(1) as u64;
-                        let pool = Limits {
-                            prefill: st.limits.prefill * n,
-                            total: st.limits.total * n,
-                        };
-                        LoadGuard::try_acquire(
-                            inst.clone(),
-                            tokens,
-                            uncached,
-                            Limits::default(),
-                            Some((&t.pool, pool)),
-                        )?
-                    }
-                }
-            }
+        let uncached = match inst.role {
+            Role::Decode => 0,
+            _ => self
+                .plan
+                .info
+                .prompt_tokens_est
+                .saturating_sub(u64::from(p.d.matched_blocks) * bt),
         };
+        let guard = self.guard(service, inst, uncached)?;
         Some(Leg {
-            role: LegRole::Main,
+            role,
             reason: p.d.reason,
             explain: p.explain,
             dispatched: None,
@@ -257,7 +297,8 @@ impl Ask<'_> {
                     matched: p.d.matched_blocks,
                     best: p.d.best_matched_blocks,
                 },
-                guard,
+                guard: Guard::Held(guard),
+                label: None,
                 queued_ahead: cand.prefill_tokens,
                 uncached_tokens: uncached,
             }),
@@ -275,19 +316,66 @@ impl Ask<'_> {
     }
 
     /// `Ok(None)`: nothing available.
-    fn in_service(&self, svc: &Arc<Service>) -> Result<Option<Leg>, PickError> {
+    fn in_service(&self, svc: &Arc<Service>) -> Result<Option<Vec<Leg>>, PickError> {
         let cands = svc.candidates(self.now);
         let m = svc.index.match_prefix(&self.plan.blocks, self.now);
         let services = std::slice::from_ref(svc);
+        let throttled = || self.throttled(services, &cands).map_or(Ok(None), Err);
         let Some(p) = self.run(&svc.sched, &cands, &m, |i| svc.instances[i].id.clone()) else {
-            return self.throttled(services, &cands).map_or(Ok(None), Err);
+            return throttled();
         };
         let cand = cands[p.d.pos];
         let inst = &svc.instances[cand.idx];
-        match self.leg(svc, inst, ChosenBy::Service(svc.clone()), cand, p) {
-            Some(l) => Ok(Some(l)),
-            None => self.throttled(services, &cands).map_or(Ok(None), Err),
+        let by = ChosenBy::Service(svc.clone());
+        let Some(pd) = &svc.pd else {
+            return match self.leg(svc, inst, by, cand, p, LegRole::Main) {
+                Some(l) => Ok(Some(vec![l])),
+                None => throttled(),
+            };
+        };
+        // A disaggregated service: the scheduler chose the prefill instance; the decode
+        // picker balances the decode instances.
+        let view = RequestView {
+            now_ms: self.now,
+            turn: pd.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            exclude: self.tried,
+            explain: p.explain.is_some(),
+            prompt_tokens: self.plan.info.prompt_tokens_est,
+            block_tokens: self.plan.runtime.block_tokens as u64,
+            ..RequestView::default()
+        };
+        let Some(d) = RNG.with(|r| pd.decode.pick(&view, &cands, &mut *r.borrow_mut())) else {
+            return throttled();
+        };
+        let dcand = cands[d.pos];
+        let dinst = &svc.instances[dcand.idx];
+        let dexplain = p
+            .explain
+            .is_some()
+            .then(|| d.explain_with(|i| svc.instances[i].id.clone()));
+        let Some(mut prefill) = self.leg(svc, inst, by, cand, p, LegRole::Prefill) else {
+            return throttled();
+        };
+        let decode = Picked {
+            d,
+            session: None,
+            explain: None,
+        };
+        // The prefill's slot is given back if the decode's is missing.
+        let Some(mut main) = self.leg(svc, dinst, ChosenBy::Decode, dcand, decode, LegRole::Main)
+        else {
+            return throttled();
+        };
+        main.reason = Cow::Owned(format!("{}+decode({})", prefill.reason, main.reason));
+        main.explain = prefill
+            .explain
+            .take()
+            .map(|x| format!("{x} decode: {}", dexplain.unwrap_or_default()));
+        if let Some(l) = main.local_mut() {
+            let name = format!("{}+{}", inst.id, dinst.id);
+            l.label = http::HeaderValue::from_str(&name).ok().map(|h| (name, h));
         }
+        Ok(Some(vec![main, prefill]))
     }
 
     fn across_route(&self, r: &Arc<Route>, sched: &Scheduler) -> Result<Option<Leg>, PickError> {
@@ -303,7 +391,14 @@ impl Ask<'_> {
             return Ok(None);
         };
         let svc = r.targets[t].clone();
-        let Some(mut l) = self.leg(&svc, inst, ChosenBy::Route(r.clone()), cand, p) else {
+        let Some(mut l) = self.leg(
+            &svc,
+            inst,
+            ChosenBy::Route(r.clone()),
+            cand,
+            p,
+            LegRole::Main,
+        ) else {
             return self.throttled(&r.targets, &cands).map_or(Ok(None), Err);
         };
         if r.asks_decision() {

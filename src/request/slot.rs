@@ -12,6 +12,8 @@
 
 use super::plan::{self, PickError};
 use super::{Leg, Plan};
+/// The legs of one attempt (the main leg first).
+pub type Legs = Vec<Leg>;
 use crate::error::GatewayError;
 use crate::runtime::Dest;
 use crate::shared::Shared;
@@ -114,14 +116,14 @@ impl Asker<'_> {
     }
 }
 
-/// Takes a slot for the plan's main leg (see the module documentation). `Err` only when the
+/// Takes a slot for the plan's legs (see the module documentation). `Err` only when the
 /// client left while queued.
 pub async fn take(
     shared: &Shared,
     mut asker: Asker<'_>,
     plan: &Plan,
     tried: &[InstanceKey],
-) -> Result<Result<Leg, Denied>> {
+) -> Result<Result<Legs, Denied>> {
     // FIFO: while requests wait for this service, a newcomer queues behind them.
     let waiting = match &plan.dest {
         Dest::Service(s) => s
