@@ -321,12 +321,23 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
         }
     };
 
-    // Drain: running requests (and synthetic sessions) get drain_timeout to finish.
-    let drained = tokio::time::timeout(cfg.drain_timeout, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
+    // Drain: once sending stops, running requests get drain_timeout to finish. A trace stops
+    // sending when the dispatcher returns; sessions (synthetic, agentic) go on sending until
+    // the deadline, or, without one, until they end (every request has its own timeout).
+    let drain_until = match (&cfg.workload, ctx.deadline) {
+        (Workload::Trace(_), _) => Some(Instant::now() + cfg.drain_timeout),
+        (_, Some(d)) => Some(d.max(Instant::now()) + cfg.drain_timeout),
+        (_, None) => None,
+    };
+    let all = async { while tasks.join_next().await.is_some() {} };
+    let drained = match drain_until {
+        Some(t) => tokio::time::timeout_at(t.into(), all).await.is_ok(),
+        None => {
+            all.await;
+            true
+        }
+    };
+    if !drained {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }

@@ -647,3 +647,21 @@ fn agentic_flags_parse() {
         matches!(cli.args.to_config().unwrap().workload, Workload::Synthetic(ref s) if s.turns == 3)
     );
 }
+
+/// Sessions keep sending until --duration; the drain timeout counts from there, not from the
+/// start of the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_drain_starts_at_the_deadline() {
+    let s = sims(1).await;
+    let mut ac = agentic(40.0);
+    ac.think_time = Duration::from_millis(20);
+    let mut cfg = ReplayConfig::new(vec![s[0].url()], MODEL, Workload::Agentic(ac));
+    cfg.duration = Some(Duration::from_millis(800));
+    cfg.drain_timeout = Duration::from_millis(100);
+    cfg.request_timeout = Duration::from_secs(20);
+    let r = replay(cfg).await.expect("replay");
+    stop(s).await;
+    let last = r.requests.iter().map(|x| x.sent_ms).fold(0.0, f64::max);
+    assert!(last > 400.0, "sending stopped at {last} ms");
+    assert!(r.counts.ok > 0);
+}
