@@ -272,9 +272,13 @@ for c in configs:
     r = R[c]; t = r["ttft_ms"]; cr = r["tokens"]["cached_ratio"]
     m = M[c]
     gw = "–"
-    kc, ke = 'tokengate_prefix_hit_ratio{kind="ceiling"}', 'tokengate_prefix_hit_ratio{kind="engine"}'
-    if m and m.get('tokengate_prefix_tokens_total{kind="prompt"}', 0) > 0:
-        gw = pct(m[kc]) + " / " + pct(m.get(ke))
+    # by kind, whatever the other labels ({kind="…",service="…"}: one service here)
+    def kind(metric):
+        return {re.search(r'kind="([^"]*)"', k).group(1): v for k, v in (m or {}).items()
+                if k.startswith(metric + "{") and 'kind="' in k}
+    if kind("tokengate_prefix_tokens_total").get("prompt", 0) > 0:
+        hr = kind("tokengate_prefix_hit_ratio")
+        gw = pct(hr.get("ceiling")) + " / " + pct(hr.get("engine"))
     xrr = f"{cr/base_cached:.2f}×" if base_cached else "–"
     xc = f"{cr/ceil_tok:.2f}" if ceil_tok else "–"
     w(f"| {label(c)} | {r['throughput']['requests_per_s']:.1f} | {ms(t['mean'])} | {ms(t['p50'])} | {ms(t['p99'])} | "
