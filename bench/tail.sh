@@ -39,12 +39,12 @@
 #   TENANTS=40, ZIPF=1.1 (the top tenant has 27 % of the sessions, the top ten 73 %),
 #     SYSTEM_TOKENS=2048-4096, USER_TOKENS=128-640 (tool results), OUTPUT_TOKENS=32-128,
 #     ONE_SHOT=0.25, TURNS=2-12, THINK_TIME=100ms (agents answer fast).
-#   RATE_MODERATE=1.5 sessions/s (~8 requests/s): round-robin's p99 TTFT is ~1-1.7 s.
-#   RATE_HIGH=3 sessions/s (~11-20 requests/s): round-robin's p99 TTFT is 6-22 s (it falls
-#     behind and sends fewer turns; a few requests still run at the end of the drain), the
-#     cache-aware routers' is around 1 s.
+#   RATE_MODERATE=1.5 sessions/s (~8 requests/s): round-robin's p99 TTFT is 1.1-1.7 s.
+#   RATE_HIGH=3 sessions/s (~10-18 requests/s): round-robin's p99 TTFT is 8-22 s (it falls
+#     behind and sends fewer turns; some requests may still run at the end of the drain), the
+#     cache-aware routers' is 0.5-1.7 s.
 #   DURATION=40 s of arrivals, DRAIN=15 s: a run takes ~45 s (round-robin at the high load
-#     ~58 s); 6 configs × 2 loads × 3 seeds ≈ 30 min plus the release build.
+#     ~55 s); 6 configs × 2 loads × 3 seeds ≈ 26 min plus the release build.
 #
 # Usage: bench/tail.sh        (from anywhere; builds target/release/tokengate first, BUILD=0 skips)
 # Knobs (environment): SEEDS ("1 2 3"), LOADS ("moderate high"), RATE_MODERATE, RATE_HIGH,
