@@ -58,85 +58,6 @@ mkdir -p "$OUT"
 SIM_FLAGS="--time-scale $SIM_TIME_SCALE --kv-blocks $KV_BLOCKS --block-size $BLOCK_SIZE"
 echo "$SIM_FLAGS" >"$OUT/sim_flags.txt"
 
-# wait until FILE holds a line matching REGEX; print the URL at its end
-wait_line() {
-  local file=$1 re=$2
-  for _ in $(seq 1 300); do
-    if grep -qE "$re" "$file" 2>/dev/null; then grep -E "$re" "$file" | head -1 | grep -oE 'http://[0-9.:]+$'; return 0; fi
-    sleep 0.1
-  done
-  echo "no line /$re/ in $file" >&2; cat "$file" >&2; return 1
-}
-stop() { # stop the PIDs given, forget them
-  local p
-  for p in "$@"; do kill "$p" 2>/dev/null || true; done
-  for p in "$@"; do wait "$p" 2>/dev/null || true; done
-  local keep=() q
-  for q in "${PIDS[@]}"; do [[ " $* " == *" $q "* ]] || keep+=("$q"); done
-  PIDS=("${keep[@]}")
-}
-
-ENGINE_URLS=(); ENGINE_PIDS=()
-start_fleet() { # 8 fresh engine-sims on free ports: cold caches
-  ENGINE_URLS=(); ENGINE_PIDS=()
-  local i
-  for i in $(seq 1 "$ENGINES"); do
-    RUST_LOG=warn "$BIN" engine-sim --listen 127.0.0.1:0 --id "e$i" --model "$MODEL" \
-      $SIM_FLAGS \
-      2>"$WORK/sim$i.log" >/dev/null &
-    ENGINE_PIDS+=($!); PIDS+=($!)
-  done
-  for i in $(seq 1 "$ENGINES"); do
-    ENGINE_URLS+=("$(wait_line "$WORK/sim$i.log" 'listening on http://')")
-    wait_http "${ENGINE_URLS[$((i-1))]}/health"
-  done
-}
-
-GW_PID=; GW_URL=; GW_ADMIN=
-start_tokengate() { # $1 = YAML service body (load_balancing / scheduler lines, indented 4)
-  {
-    echo 'listen: ["127.0.0.1:0"]'
-    echo 'admin_listen: "127.0.0.1:0"'
-    echo 'threads: 2'
-    echo "prefix_index: { block_size: $BLOCK_SIZE }"
-    echo 'services:'
-    echo "  - name: $MODEL"
-    printf '%s\n' "$1"
-    echo '    instances:'
-    local i
-    for i in $(seq 1 "$ENGINES"); do
-      echo "      - { id: e$i, addr: \"${ENGINE_URLS[$((i-1))]#http://}\" }"
-    done
-  } >"$WORK/gw.yaml"
-  "$BIN" check -c "$WORK/gw.yaml" >/dev/null
-  RUST_LOG=warn "$BIN" serve -c "$WORK/gw.yaml" >"$WORK/gw.out" 2>"$WORK/gw.log" &
-  GW_PID=$!; PIDS+=($GW_PID)
-  GW_URL=$(wait_line "$WORK/gw.out" 'proxy listening on http://')
-  GW_ADMIN=$(wait_line "$WORK/gw.out" 'admin listening on http://')
-  wait_http "$GW_ADMIN/health"
-}
-
-SMG_PID=; SMG_URL=
-start_smg() { # $1 = policy
-  local port; port=$(free_port)
-  smg launch --worker-urls "${ENGINE_URLS[@]}" --policy "$1" --host 127.0.0.1 --port "$port" \
-    --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" --shutdown-grace-period-secs 2 --log-level warn >"$WORK/smg.log" 2>&1 &
-  SMG_PID=$!; PIDS+=($SMG_PID)
-  SMG_URL=http://127.0.0.1:$port
-  for _ in $(seq 1 600); do
-    curl -sf -o /dev/null "$SMG_URL/health" && break
-    kill -0 "$SMG_PID" 2>/dev/null || { cat "$WORK/smg.log" >&2; return 1; }
-    sleep 0.1
-  done
-  wait_http "$SMG_URL/health"
-  # the workers must be registered (health can answer before the worker probes finish)
-  for _ in $(seq 1 300); do
-    if curl -sf "$SMG_URL/v1/models" | grep -q "$MODEL"; then return 0; fi
-    sleep 0.2
-  done
-  echo "smg has no worker serving $MODEL" >&2; cat "$WORK/smg.log" >&2; return 1
-}
-
 replay() { # $1 = config name, $2.. = extra replay args (URLs etc.)
   local name=$1; shift
   local dir=$OUT/$name
@@ -351,9 +272,13 @@ for c in configs:
     r = R[c]; t = r["ttft_ms"]; cr = r["tokens"]["cached_ratio"]
     m = M[c]
     gw = "–"
-    kc, ke = 'tokengate_prefix_hit_ratio{kind="ceiling"}', 'tokengate_prefix_hit_ratio{kind="engine"}'
-    if m and m.get('tokengate_prefix_tokens_total{kind="prompt"}', 0) > 0:
-        gw = pct(m[kc]) + " / " + pct(m.get(ke))
+    # by kind, whatever the other labels ({kind="…",service="…"}: one service here)
+    def kind(metric):
+        return {re.search(r'kind="([^"]*)"', k).group(1): v for k, v in (m or {}).items()
+                if k.startswith(metric + "{") and 'kind="' in k}
+    if kind("tokengate_prefix_tokens_total").get("prompt", 0) > 0:
+        hr = kind("tokengate_prefix_hit_ratio")
+        gw = pct(hr.get("ceiling")) + " / " + pct(hr.get("engine"))
     xrr = f"{cr/base_cached:.2f}×" if base_cached else "–"
     xc = f"{cr/ceil_tok:.2f}" if ceil_tok else "–"
     w(f"| {label(c)} | {r['throughput']['requests_per_s']:.1f} | {ms(t['mean'])} | {ms(t['p50'])} | {ms(t['p99'])} | "

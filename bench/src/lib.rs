@@ -2,7 +2,8 @@
 //!
 //! It replays a Mooncake-format trace ([`trace`]) — every hash id becomes a fixed block of
 //! words ([`text`]) so equal ids share a real text prefix — or runs a synthetic multi-turn
-//! chat workload ([`synth`]), sends OpenAI streaming chat completions open-loop under a
+//! chat workload ([`synth`]) or a multi-tenant agentic one ([`agentic`]; both with their
+//! prefix-hit ceiling, [`ideal`]), sends OpenAI streaming chat completions open-loop under a
 //! concurrency cap ([`replay`], [`client`]), and reports TTFT / inter-token / end-to-end
 //! latency, throughput, the engines' cached-token ratio, errors and the load spread across
 //! instances ([`report`]) as JSON, markdown and SVG plots ([`plot`]).
@@ -10,7 +11,9 @@
 //! Library use: build a [`ReplayConfig`] and call [`replay`]; the CLI is [`ReplayArgs`] +
 //! [`run_replay`].
 
+pub mod agentic;
 pub mod client;
+pub mod ideal;
 pub mod plot;
 pub mod replay;
 pub mod report;
@@ -27,6 +30,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+pub use agentic::{AgenticConfig, SizeRange};
 pub use replay::{replay, ReplayConfig, TraceWorkload, UrlPolicy, Workload};
 pub use report::{Report, RequestRecord};
 pub use synth::SynthConfig;
@@ -51,7 +55,7 @@ pub struct ReplayArgs {
     pub api_key: Option<String>,
 
     /// Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids)
-    #[arg(long, value_name = "FILE", required_unless_present = "synthetic")]
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["synthetic", "agentic"])]
     pub trace: Option<PathBuf>,
     /// Replay the trace this many times faster (timestamps are divided by it)
     #[arg(long, default_value_t = 1.0)]
@@ -69,7 +73,7 @@ pub struct ReplayArgs {
 
     /// Send a session header (--session-header). Trace: the conversation root = the first
     /// hash id after the prefix shared by every record (hash_ids[1] in the Mooncake trace).
-    /// Default: on for --synthetic, off for traces
+    /// Default: on for --synthetic and --agentic, off for traces
     #[arg(long, overrides_with = "no_sessions")]
     pub sessions: bool,
     /// Send no session header
@@ -80,32 +84,57 @@ pub struct ReplayArgs {
     pub session_header: String,
 
     /// Run the synthetic multi-turn chat workload instead of a trace
-    #[arg(long)]
+    #[arg(long, conflicts_with = "agentic")]
     pub synthetic: bool,
+    /// Run the multi-tenant agentic workload instead of a trace: Zipf-popular tenants with
+    /// long system prompts of their own, Poisson session arrivals until --duration, one-shots
+    /// and growing multi-turn sessions (bench/README.md)
+    #[arg(long)]
+    pub agentic: bool,
     /// Synthetic: number of sessions (conversations)
     #[arg(long, default_value_t = 100)]
     pub syn_sessions: usize,
-    /// Synthetic: turns (requests) per session; each turn resends the whole history
-    #[arg(long, default_value_t = 5)]
-    pub turns: usize,
+    /// Turns (requests) per session; each turn resends the whole history. Synthetic: N
+    /// [default: 5]; agentic: turns of a multi-turn session, N or MIN-MAX (uniform)
+    /// [default: 2-10]
+    #[arg(long, value_name = "N|MIN-MAX")]
+    pub turns: Option<SizeRange>,
     /// Synthetic: number of distinct system prompts (session s uses prompt s mod K)
     #[arg(long, default_value_t = 4)]
     pub system_prompts: usize,
-    /// Synthetic: tokens per system prompt
-    #[arg(long, default_value_t = 1024)]
-    pub system_tokens: usize,
-    /// Synthetic: tokens per user message
-    #[arg(long, default_value_t = 128)]
-    pub user_tokens: usize,
-    /// Synthetic: output tokens per answer (max_tokens)
-    #[arg(long, default_value_t = 64)]
-    pub output_tokens: usize,
-    /// Synthetic: session arrivals per second (Poisson; 0 = all at once)
-    #[arg(long, default_value_t = 10.0)]
-    pub rate: f64,
-    /// Synthetic: pause between an answer and the session's next turn (e.g. 500ms)
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
-    pub think_time: Duration,
+    /// Tokens per system prompt. Synthetic: N [default: 1024]; agentic: per tenant, N or
+    /// MIN-MAX (drawn once per tenant) [default: 2048-4096]
+    #[arg(long, value_name = "N|MIN-MAX")]
+    pub system_tokens: Option<SizeRange>,
+    /// Tokens per user message. Synthetic: N [default: 128]; agentic: per turn (a tool
+    /// result), N or MIN-MAX [default: 64-512]
+    #[arg(long, value_name = "N|MIN-MAX")]
+    pub user_tokens: Option<SizeRange>,
+    /// Output tokens per answer (max_tokens). Synthetic: N [default: 64]; agentic: per turn,
+    /// N or MIN-MAX [default: 32-128]
+    #[arg(long, value_name = "N|MIN-MAX")]
+    pub output_tokens: Option<SizeRange>,
+    /// Session arrivals per second, Poisson. Synthetic: 0 = all at once [default: 10];
+    /// agentic: > 0 [default: 2]
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Pause between an answer and the session's next turn (e.g. 500ms) [default: synthetic
+    /// 0s, agentic 200ms]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub think_time: Option<Duration>,
+    /// Agentic: number of tenants, each with its own system prompt
+    #[arg(long, default_value_t = 32)]
+    pub tenants: usize,
+    /// Agentic: Zipf exponent of tenant popularity (tenant k drawn ∝ 1/(k+1)^zipf)
+    #[arg(long, default_value_t = 1.1)]
+    pub zipf: f64,
+    /// Agentic: fraction of sessions that are a single request
+    #[arg(long, default_value_t = 0.2)]
+    pub one_shot: f64,
+    /// Synthetic and agentic: tokens per KV block of the engines, for the prefix-hit ceiling
+    /// (one infinite shared cache, engine-sim's chat template and block hashes)
+    #[arg(long, default_value_t = 16)]
+    pub engine_block_size: usize,
 
     /// Maximum requests in flight; a request due while all are busy waits (and is counted)
     #[arg(long, default_value_t = 256)]
@@ -173,19 +202,45 @@ impl ReplayArgs {
     /// The library config these flags describe (loads the trace file).
     pub fn to_config(&self) -> anyhow::Result<ReplayConfig> {
         let workload = if self.synthetic {
+            let fixed = |name: &str, v: Option<SizeRange>, default: usize| match v {
+                None => Ok(default),
+                Some(r) if r.is_fixed() => Ok(r.min),
+                Some(r) => Err(anyhow::anyhow!(
+                    "--synthetic takes a single number for --{name}, not {r}"
+                )),
+            };
             Workload::Synthetic(SynthConfig {
                 sessions: self.syn_sessions,
-                turns: self.turns,
+                turns: fixed("turns", self.turns, 5)?,
                 system_prompts: self.system_prompts,
-                system_tokens: self.system_tokens,
-                user_tokens: self.user_tokens,
-                output_tokens: self.output_tokens,
-                rate: self.rate,
-                think_time: self.think_time,
+                system_tokens: fixed("system-tokens", self.system_tokens, 1024)?,
+                user_tokens: fixed("user-tokens", self.user_tokens, 128)?,
+                output_tokens: fixed("output-tokens", self.output_tokens, 64)?,
+                rate: self.rate.unwrap_or(10.0),
+                think_time: self.think_time.unwrap_or(Duration::ZERO),
             })
+        } else if self.agentic {
+            let d = AgenticConfig::default();
+            let ac = AgenticConfig {
+                tenants: self.tenants,
+                zipf: self.zipf,
+                system_tokens: self.system_tokens.unwrap_or(d.system_tokens),
+                user_tokens: self.user_tokens.unwrap_or(d.user_tokens),
+                output_tokens: self.output_tokens.unwrap_or(d.output_tokens),
+                one_shot: self.one_shot,
+                turns: self.turns.unwrap_or(d.turns),
+                rate: self.rate.unwrap_or(d.rate),
+                think_time: self.think_time.unwrap_or(d.think_time),
+            };
+            ac.validate()
+                .map_err(|e| anyhow::anyhow!("--agentic: {e}"))?;
+            if self.duration.is_none() {
+                bail!("--agentic needs --duration (sessions arrive until then)");
+            }
+            Workload::Agentic(ac)
         } else {
             let Some(path) = &self.trace else {
-                bail!("--trace FILE or --synthetic is required");
+                bail!("--trace FILE, --synthetic or --agentic is required");
             };
             if self.time_scale.is_nan() || self.time_scale <= 0.0 {
                 bail!("--time-scale must be > 0");
@@ -209,7 +264,7 @@ impl ReplayArgs {
         } else if self.no_sessions {
             false
         } else {
-            self.synthetic
+            self.synthetic || self.agentic
         };
         Ok(ReplayConfig {
             url_policy: self.url_policy,
@@ -222,6 +277,7 @@ impl ReplayArgs {
             drain_timeout: self.drain_timeout,
             bucket: Duration::from_millis(self.bucket_ms.max(1)),
             seed: self.seed,
+            engine_block_size: self.engine_block_size.max(1),
             command_line: command_line(),
             progress: self.progress,
             ..ReplayConfig::new(self.url.clone(), self.model.clone(), workload)

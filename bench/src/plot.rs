@@ -5,11 +5,17 @@
 //!   and one line per instance.
 //! * `inflight.svg` — in-flight requests per instance over time (client view; the report's
 //!   buckets averaged in groups so that a line has at most 300 points).
+//!
+//! Across runs ([`PlotSpec`], drawn by the `tail-plot` binary for `bench/tail.sh`):
+//!
+//! * [`percentiles_svg`] — TTFT p50 / p90 / p99 per config, one column per run (seed).
+//! * [`ccdfs_svg`] — the TTFT tail per config: fraction of requests at least x ms, log-log.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
 use plotters::prelude::*;
+use serde::Deserialize;
 
 use super::report::Report;
 
@@ -228,6 +234,205 @@ pub fn write_plots(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> 
     Ok(paths)
 }
 
+/// The log-scale bounds of a time axis holding `values` (ms).
+fn log_bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), x| {
+            (lo.min(x), hi.max(x))
+        });
+    if hi == 0.0 {
+        (0.1, 1.0)
+    } else {
+        ((lo * 0.8).max(1e-3), (hi * 1.25).max(lo * 1.5).max(1e-2))
+    }
+}
+
+/// One config of [`percentiles_svg`]: TTFT (p50, p90, p99) in ms of each of its runs.
+#[derive(Clone, Debug, Deserialize)]
+pub struct PercentileRow {
+    pub label: String,
+    pub runs: Vec<[f64; 3]>,
+}
+
+/// TTFT p50 (circle), p90 (triangle) and p99 (square) per config, one column per run in
+/// the given order (seeds), log time axis.
+pub fn percentiles_svg(title: &str, rows: &[PercentileRow]) -> anyhow::Result<String> {
+    let width = rows.iter().map(|r| r.runs.len()).max().unwrap_or(1).max(1);
+    // Slots: each config's runs, then one empty slot between configs.
+    let group = width as i32 + 1;
+    let slots = (rows.len() as i32 * group - 1).max(1);
+    let (lo, hi) = log_bounds(rows.iter().flat_map(|r| r.runs.iter().flatten().copied()));
+    // Head room above the data for the legend.
+    let hi = hi * 3.0;
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (960, 540)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d((0..slots).into_segmented(), (lo..hi).log_scale())
+            .map_err(err)?;
+        let label = |v: &SegmentValue<i32>| -> String {
+            let s = match v {
+                SegmentValue::CenterOf(s) | SegmentValue::Exact(s) => *s,
+                SegmentValue::Last => return String::new(),
+            };
+            let (g, k) = (s / group, s % group);
+            match rows.get(g as usize) {
+                Some(r) if k == (r.runs.len() as i32 - 1).max(0) / 2 => r.label.clone(),
+                _ => String::new(),
+            }
+        };
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(slots as usize + 1)
+            .x_label_formatter(&label)
+            .y_desc("TTFT (ms, log scale)")
+            .y_labels(30)
+            .y_label_formatter(&log_label)
+            .light_line_style(WHITE)
+            .draw()
+            .map_err(err)?;
+        let marks = [("p50", color(0)), ("p90", color(1)), ("p99", color(3))];
+        for (g, row) in rows.iter().enumerate() {
+            for (k, run) in row.runs.iter().enumerate() {
+                let x = SegmentValue::CenterOf(g as i32 * group + k as i32);
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(x.clone(), run[0].max(lo)), (x.clone(), run[2].max(lo))],
+                        BLACK.mix(0.3),
+                    )))
+                    .map_err(err)?;
+                for (p, &(_, c)) in marks.iter().enumerate() {
+                    let at = (x.clone(), run[p].max(lo));
+                    let style = c.filled();
+                    match p {
+                        0 => chart.draw_series(std::iter::once(Circle::new(at, 4, style))),
+                        1 => chart.draw_series(std::iter::once(TriangleMarker::new(at, 6, style))),
+                        _ => chart.draw_series(std::iter::once(
+                            EmptyElement::at(at) + Rectangle::new([(-4, -4), (4, 4)], style),
+                        )),
+                    }
+                    .map_err(err)?;
+                }
+            }
+        }
+        // Legend entries (empty series, only for their labels).
+        for (p, (name, c)) in marks.into_iter().enumerate() {
+            chart
+                .draw_series(std::iter::empty::<Circle<(SegmentValue<i32>, f64), i32>>())
+                .map_err(err)?
+                .label(name)
+                .legend(move |(x, y)| {
+                    let at = EmptyElement::at((x + 8, y));
+                    match p {
+                        0 => at + Circle::new((0, 0), 4, c.filled()).into_dyn(),
+                        1 => at + TriangleMarker::new((0, 0), 6, c.filled()).into_dyn(),
+                        _ => at + Rectangle::new([(-4, -4), (4, 4)], c.filled()).into_dyn(),
+                    }
+                });
+        }
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+        root.present().map_err(err)?;
+    }
+    Ok(out)
+}
+
+/// The tail of one TTFT distribution per series: the fraction of requests whose TTFT is at
+/// least x, both axes log-scaled (so p90 is at 0.1 and p99 at 0.01).
+pub fn ccdfs_svg(title: &str, series: &[(String, Vec<f64>)]) -> anyhow::Result<String> {
+    let (lo, hi) = log_bounds(series.iter().flat_map(|(_, v)| v.iter().copied()));
+    let n_max = series
+        .iter()
+        .map(|(_, v)| v.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let y_lo = (0.5 / n_max as f64).min(0.005);
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (960, 540)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d((lo..hi).log_scale(), (y_lo..1.0).log_scale())
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("TTFT (ms, log scale)")
+            .x_labels(30)
+            .x_label_formatter(&log_label)
+            .y_desc("fraction of requests with TTFT ≥ x (log scale)")
+            .y_labels(30)
+            .y_label_formatter(&log_label)
+            .light_line_style(WHITE)
+            .draw()
+            .map_err(err)?;
+        for (k, (name, values)) in series.iter().enumerate() {
+            let mut v: Vec<f64> = values.iter().map(|x| x.max(lo)).collect();
+            v.sort_by(f64::total_cmp);
+            let n = v.len() as f64;
+            let pts = v.iter().enumerate().map(|(i, &x)| (x, (n - i as f64) / n));
+            let c = color(k);
+            chart
+                .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+                .map_err(err)?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+        }
+        draw_legend(&mut chart, SeriesLabelPosition::LowerLeft)?;
+        root.present().map_err(err)?;
+    }
+    Ok(out)
+}
+
+/// A cross-run plot described in JSON (`{"kind": "percentiles", "title", "rows": [{label,
+/// runs: [[p50, p90, p99], …]}]}` or `{"kind": "ccdf", "title", "series": [{label, values}]}`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum PlotSpec {
+    Percentiles {
+        title: String,
+        rows: Vec<PercentileRow>,
+    },
+    /// Drawn as the tail ([`ccdfs_svg`]).
+    Ccdf {
+        title: String,
+        series: Vec<CdfSeries>,
+    },
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct CdfSeries {
+    pub label: String,
+    pub values: Vec<f64>,
+}
+
+impl PlotSpec {
+    pub fn to_svg(&self) -> anyhow::Result<String> {
+        match self {
+            PlotSpec::Percentiles { title, rows } => percentiles_svg(title, rows),
+            PlotSpec::Ccdf { title, series } => {
+                let s: Vec<(String, Vec<f64>)> = series
+                    .iter()
+                    .map(|c| (c.label.clone(), c.values.clone()))
+                    .collect();
+                ccdfs_svg(title, &s)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::report::{Counts, Report, RequestRecord, RunMeta};
@@ -265,6 +470,31 @@ mod tests {
         assert!(texts.contains(&"e1") && texts.contains(&"all"), "{texts:?}");
         let b = inflight_svg(&r).unwrap();
         assert!(b.contains("<svg") && b.contains("In-flight") && b.contains("<polyline"));
+        // Cross-run plots.
+        let spec: PlotSpec = serde_json::from_str(
+            r#"{"kind": "percentiles", "title": "TTFT", "rows": [
+                {"label": "tg-a", "runs": [[10, 50, 900], [12, 60, 1200], [11, 55, 1000]]},
+                {"label": "smg-b", "runs": [[20, 40, 300]]}]}"#,
+        )
+        .unwrap();
+        let p = spec.to_svg().unwrap();
+        assert!(
+            p.contains("tg-a") && p.contains("smg-b") && p.contains("p99"),
+            "{p:.300}"
+        );
+        let spec: PlotSpec = serde_json::from_str(
+            r#"{"kind": "ccdf", "title": "tail", "series": [
+                {"label": "x", "values": [1, 2, 3]}, {"label": "y", "values": []}]}"#,
+        )
+        .unwrap();
+        let c = spec.to_svg().unwrap();
+        let texts: Vec<&str> = c
+            .split("</text>")
+            .filter_map(|t| t.rsplit('>').next())
+            .map(str::trim)
+            .collect();
+        assert!(c.contains("<polyline") && texts.contains(&"x"), "{texts:?}");
+        percentiles_svg("empty", &[]).unwrap();
         // An empty report still renders.
         let empty = Report::default();
         ttft_cdf_svg(&empty).unwrap();

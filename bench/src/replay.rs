@@ -8,10 +8,12 @@
 //! open loop across sessions (Poisson arrivals) and closed loop within one (a turn needs the
 //! previous answer). `limit` bounds the number of requests, `duration` the time during which
 //! requests are sent; after that, running requests get `drain_timeout` to finish and are
-//! then cancelled.
+//! then cancelled. The agentic workload is planned up front for the `duration` horizon
+//! ([`AgenticConfig::plan`]) and runs like the synthetic one. For session workloads the
+//! prefix-hit ceiling is counted as the requests are sent ([`crate::ideal`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
@@ -19,7 +21,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
+use super::agentic::{AgenticConfig, PlanSummary};
 use super::client::{self, Outgoing, Sent};
+use super::ideal::{render_chat, IdealCache};
 use super::report::{Counts, MachineInfo, Report, RequestRecord, RunMeta};
 use super::synth::{History, SynthConfig};
 use super::text::BlockText;
@@ -52,6 +56,8 @@ pub struct TraceWorkload {
 pub enum Workload {
     Trace(TraceWorkload),
     Synthetic(SynthConfig),
+    /// Multi-tenant agentic sessions; needs [`ReplayConfig::duration`] (the arrival horizon).
+    Agentic(AgenticConfig),
 }
 
 /// Everything [`replay`] needs.
@@ -78,6 +84,8 @@ pub struct ReplayConfig {
     /// Time bucket of the in-flight series.
     pub bucket: Duration,
     pub seed: u64,
+    /// Tokens per KV block of the engines, for the session workloads' prefix-hit ceiling.
+    pub engine_block_size: usize,
     /// Recorded in the report.
     pub command_line: String,
     /// Print a progress line to stderr every few seconds.
@@ -101,6 +109,7 @@ impl ReplayConfig {
             drain_timeout: Duration::from_secs(60),
             bucket: Duration::from_millis(100),
             seed: 0,
+            engine_block_size: 16,
             command_line: String::new(),
             progress: false,
         }
@@ -123,6 +132,23 @@ struct Ctx {
     sent: AtomicUsize,
     done: AtomicUsize,
     tx: mpsc::UnboundedSender<Sent>,
+    /// Session workloads: the one-infinite-cache ceiling of the requests sent so far.
+    ideal: Mutex<IdealCache>,
+}
+
+/// One request to send, as the workload describes it.
+struct Req {
+    index: usize,
+    turn: Option<usize>,
+    tenant: Option<usize>,
+    session: Option<String>,
+    scheduled: Duration,
+    waited: bool,
+    body: String,
+    input_tokens: usize,
+    max_tokens: usize,
+    /// Keep the streamed text (sessions append it to the history).
+    keep_text: bool,
 }
 
 impl Ctx {
@@ -169,39 +195,28 @@ impl Ctx {
         .to_string()
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn send(
-        &self,
-        index: usize,
-        turn: Option<usize>,
-        session: Option<String>,
-        scheduled: Duration,
-        waited: bool,
-        body: String,
-        input_tokens: usize,
-        max_tokens: usize,
-        keep_text: bool,
-    ) -> Sent {
-        let endpoint = self.endpoint(index, session.as_deref()).to_string();
+    async fn send(&self, r: Req) -> Sent {
+        let endpoint = self.endpoint(r.index, r.session.as_deref()).to_string();
         let record = RequestRecord {
-            index,
-            turn,
-            session: session.clone(),
+            index: r.index,
+            turn: r.turn,
+            tenant: r.tenant,
+            session: r.session.clone(),
             url: endpoint.clone(),
-            scheduled_ms: scheduled.as_secs_f64() * 1000.0,
-            waited_for_slot: waited,
-            intended_input_tokens: input_tokens,
-            intended_output_tokens: max_tokens,
+            scheduled_ms: r.scheduled.as_secs_f64() * 1000.0,
+            waited_for_slot: r.waited,
+            intended_input_tokens: r.input_tokens,
+            intended_output_tokens: r.max_tokens,
             ..Default::default()
         };
         let out = Outgoing {
             endpoint,
-            body,
-            max_tokens,
-            session: self.session_header.clone().zip(session),
+            body: r.body,
+            max_tokens: r.max_tokens,
+            session: self.session_header.clone().zip(r.session),
             api_key: self.api_key.clone(),
             timeout: self.timeout,
-            keep_text,
+            keep_text: r.keep_text,
         };
         self.sent.fetch_add(1, Ordering::Relaxed);
         let sent = client::send(&self.client, out, record, self.t0).await;
@@ -218,6 +233,13 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
     }
     if cfg.concurrency == 0 {
         bail!("concurrency must be at least 1");
+    }
+    if let Workload::Agentic(ac) = &cfg.workload {
+        ac.validate()
+            .map_err(|e| anyhow::anyhow!("agentic workload: {e}"))?;
+        if cfg.duration.is_none() {
+            bail!("the agentic workload needs a duration (its sessions arrive until then)");
+        }
     }
     let endpoints: Vec<String> = cfg
         .urls
@@ -247,6 +269,7 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
         sent: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         tx,
+        ideal: Mutex::new(IdealCache::new(cfg.engine_block_size)),
     });
 
     let stop_progress = Arc::new(AtomicBool::new(false));
@@ -275,7 +298,7 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
     }
 
     let mut tasks = JoinSet::new();
-    let (workload_name, params, scheduled, ideal) = match &cfg.workload {
+    let (workload_name, params, scheduled, trace_ideal) = match &cfg.workload {
         Workload::Trace(tw) => {
             let (scheduled, ideal) = dispatch_trace(&ctx, &cfg, tw, &mut tasks).await;
             let params = serde_json::json!({
@@ -285,18 +308,36 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
             ("trace", params, Scheduled::Known(scheduled), Some(ideal))
         }
         Workload::Synthetic(sc) => {
-            let claimed = dispatch_synthetic(&ctx, &cfg, sc, &mut tasks).await;
+            let claimed = dispatch_synthetic(&ctx, &cfg, sc, &mut tasks);
             let params = serde_json::to_value(sc).unwrap_or_default();
             ("synthetic", params, Scheduled::Counter(claimed), None)
         }
+        Workload::Agentic(ac) => {
+            let (claimed, plan) = dispatch_agentic(&ctx, &cfg, ac, &mut tasks);
+            let mut params = serde_json::to_value(ac).unwrap_or_default();
+            params["plan"] = serde_json::to_value(plan).unwrap_or_default();
+            params["engine_block_size"] = cfg.engine_block_size.into();
+            ("agentic", params, Scheduled::Counter(claimed), None)
+        }
     };
 
-    // Drain: running requests (and synthetic sessions) get drain_timeout to finish.
-    let drained = tokio::time::timeout(cfg.drain_timeout, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
+    // Drain: once sending stops, running requests get drain_timeout to finish. A trace stops
+    // sending when the dispatcher returns; sessions (synthetic, agentic) go on sending until
+    // the deadline, or, without one, until they end (every request has its own timeout).
+    let drain_until = match (&cfg.workload, ctx.deadline) {
+        (Workload::Trace(_), _) => Some(Instant::now() + cfg.drain_timeout),
+        (_, Some(d)) => Some(d.max(Instant::now()) + cfg.drain_timeout),
+        (_, None) => None,
+    };
+    let all = async { while tasks.join_next().await.is_some() {} };
+    let drained = match drain_until {
+        Some(t) => tokio::time::timeout_at(t.into(), all).await.is_ok(),
+        None => {
+            all.await;
+            true
+        }
+    };
+    if !drained {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
@@ -305,6 +346,10 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
         ctx.sent.load(Ordering::Relaxed),
         ctx.waited.load(Ordering::Relaxed),
     );
+    let ideal = trace_ideal.or_else(|| {
+        let c = ctx.ideal.lock().expect("ideal cache lock");
+        (!c.is_empty()).then(|| c.ratios())
+    });
     drop(ctx);
     let mut records = Vec::new();
     let mut itl = Vec::new();
@@ -404,17 +449,18 @@ async fn dispatch_trace(
             let messages = serde_json::json!([{"role": "user", "content": prompt}]);
             let body = ctx.body(messages, r.output_tokens);
             let sent = ctx
-                .send(
+                .send(Req {
                     index,
-                    None,
+                    turn: None,
+                    tenant: None,
                     session,
-                    r.at,
+                    scheduled: r.at,
                     waited,
                     body,
-                    r.input_tokens,
-                    r.output_tokens,
-                    false,
-                )
+                    input_tokens: r.input_tokens,
+                    max_tokens: r.output_tokens,
+                    keep_text: false,
+                })
                 .await;
             drop(permit);
             let _ = ctx.tx.send(sent);
@@ -423,77 +469,164 @@ async fn dispatch_trace(
     (scheduled, ideal)
 }
 
-/// Starts every synthetic session that arrives before the end of --duration, at its arrival
-/// time. Returns the counter of request indices the sessions claim.
-async fn dispatch_synthetic(
+/// One conversation: its key, its system prompt and, per turn, the user message and
+/// max_tokens.
+struct SessionSpec {
+    key: String,
+    tenant: Option<usize>,
+    system: String,
+    turns: Vec<(String, usize)>,
+    think_time: Duration,
+}
+
+/// Runs one session from its arrival `at`: every turn sends the whole history plus the next
+/// user message, appends the streamed answer and waits the think time. Stops at the deadline,
+/// when the request budget is spent, or after a failed turn (its history would be incomplete).
+async fn run_session(
+    ctx: &Ctx,
+    spec: SessionSpec,
+    at: Duration,
+    next_index: &AtomicUsize,
+    budget: usize,
+) {
+    let mut history = History::new(spec.system);
+    let mut scheduled = at;
+    for (turn, (user, max_tokens)) in spec.turns.into_iter().enumerate() {
+        if ctx.past_deadline() {
+            break;
+        }
+        let index = next_index.fetch_add(1, Ordering::Relaxed);
+        if index >= budget {
+            break;
+        }
+        let (permit, waited) = ctx.slot().await;
+        if ctx.past_deadline() {
+            break;
+        }
+        history.messages.push(("user", user));
+        let input_tokens: usize = history.messages.iter().map(|(_, c)| c.len()).sum::<usize>() / 4;
+        ctx.ideal
+            .lock()
+            .expect("ideal cache lock")
+            .observe(&render_chat(&history.messages));
+        let body = ctx.body(history.to_json(), max_tokens);
+        let mut sent = ctx
+            .send(Req {
+                index,
+                turn: Some(turn),
+                tenant: spec.tenant,
+                session: Some(spec.key.clone()),
+                scheduled,
+                waited,
+                body,
+                input_tokens,
+                max_tokens,
+                keep_text: true,
+            })
+            .await;
+        drop(permit);
+        let ok = sent.record.ok();
+        let answer = std::mem::take(&mut sent.text);
+        let _ = ctx.tx.send(sent);
+        if !ok {
+            break;
+        }
+        history.messages.push(("assistant", answer));
+        if !spec.think_time.is_zero() {
+            tokio::time::sleep(spec.think_time).await;
+        }
+        scheduled = ctx.t0.elapsed();
+    }
+}
+
+/// Starts session `s` of `arrivals` at its time (those before the end of --duration; arrivals
+/// are sorted), built by `make(s)` when it arrives. Returns the counter of request indices the
+/// sessions claim.
+fn dispatch_sessions<F>(
     ctx: &Arc<Ctx>,
     cfg: &ReplayConfig,
-    sc: &SynthConfig,
+    arrivals: Vec<Duration>,
+    make: F,
     tasks: &mut JoinSet<()>,
-) -> Arc<AtomicUsize> {
-    let arrivals = sc.arrivals(cfg.seed);
+) -> Arc<AtomicUsize>
+where
+    F: Fn(usize) -> SessionSpec + Send + Sync + 'static,
+{
     let budget = cfg.limit.unwrap_or(usize::MAX);
     let next_index = Arc::new(AtomicUsize::new(0));
+    let make = Arc::new(make);
     let mut sessions = JoinSet::new();
     for (s, at) in arrivals.into_iter().enumerate() {
         if cfg.duration.is_some_and(|d| at >= d) {
-            break; // arrivals are sorted
+            break;
         }
-        let (ctx, sc, next_index) = (ctx.clone(), sc.clone(), next_index.clone());
-        let seed = cfg.seed;
+        let (ctx, next_index, make) = (ctx.clone(), next_index.clone(), make.clone());
         sessions.spawn(async move {
             tokio::time::sleep_until((ctx.t0 + at).into()).await;
-            let session = SynthConfig::session_id(seed, s);
-            let mut history = History::new(sc.system_prompt(seed, s));
-            let mut scheduled = at;
-            for turn in 0..sc.turns {
-                if ctx.past_deadline() {
-                    break;
-                }
-                let index = next_index.fetch_add(1, Ordering::Relaxed);
-                if index >= budget {
-                    break;
-                }
-                let (permit, waited) = ctx.slot().await;
-                if ctx.past_deadline() {
-                    break;
-                }
-                history
-                    .messages
-                    .push(("user", sc.user_message(seed, s, turn)));
-                let input_tokens: usize =
-                    history.messages.iter().map(|(_, c)| c.len()).sum::<usize>() / 4;
-                let body = ctx.body(history.to_json(), sc.output_tokens);
-                let mut sent = ctx
-                    .send(
-                        index,
-                        Some(turn),
-                        Some(session.clone()),
-                        scheduled,
-                        waited,
-                        body,
-                        input_tokens,
-                        sc.output_tokens,
-                        true,
-                    )
-                    .await;
-                drop(permit);
-                let ok = sent.record.ok();
-                let answer = std::mem::take(&mut sent.text);
-                let _ = ctx.tx.send(sent);
-                if !ok {
-                    // A failed turn ends the session: its history would be incomplete.
-                    break;
-                }
-                history.messages.push(("assistant", answer));
-                if !sc.think_time.is_zero() {
-                    tokio::time::sleep(sc.think_time).await;
-                }
-                scheduled = ctx.t0.elapsed();
-            }
+            run_session(&ctx, make(s), at, &next_index, budget).await;
         });
     }
     // The sessions run in their own set; hand them to the caller's drain as one task.
     tasks.spawn(async move { while sessions.join_next().await.is_some() {} });
     next_index
+}
+
+/// The synthetic sessions: `sc.sessions` conversations at Poisson arrivals.
+fn dispatch_synthetic(
+    ctx: &Arc<Ctx>,
+    cfg: &ReplayConfig,
+    sc: &SynthConfig,
+    tasks: &mut JoinSet<()>,
+) -> Arc<AtomicUsize> {
+    let seed = cfg.seed;
+    let arrivals = sc.arrivals(seed);
+    let sc = sc.clone();
+    let make = move |s: usize| SessionSpec {
+        key: SynthConfig::session_id(seed, s),
+        tenant: None,
+        system: sc.system_prompt(seed, s),
+        turns: (0..sc.turns)
+            .map(|t| (sc.user_message(seed, s, t), sc.output_tokens))
+            .collect(),
+        think_time: sc.think_time,
+    };
+    dispatch_sessions(ctx, cfg, arrivals, make, tasks)
+}
+
+/// The agentic sessions: planned for the --duration horizon; returns the request counter and
+/// the plan's summary.
+fn dispatch_agentic(
+    ctx: &Arc<Ctx>,
+    cfg: &ReplayConfig,
+    ac: &AgenticConfig,
+    tasks: &mut JoinSet<()>,
+) -> (Arc<AtomicUsize>, PlanSummary) {
+    let seed = cfg.seed;
+    let plan = ac.plan(seed, cfg.duration.unwrap_or_default());
+    let summary = ac.summary(&plan);
+    // Each used tenant's system prompt, made once.
+    let mut systems = vec![String::new(); ac.tenants];
+    for p in &plan {
+        if systems[p.tenant].is_empty() {
+            systems[p.tenant] = ac.system_prompt(seed, p.tenant);
+        }
+    }
+    let arrivals = plan.iter().map(|p| p.at).collect();
+    let think_time = ac.think_time;
+    let make = move |s: usize| {
+        let p = &plan[s];
+        SessionSpec {
+            key: AgenticConfig::session_id(seed, s),
+            tenant: Some(p.tenant),
+            system: systems[p.tenant].clone(),
+            turns: p
+                .turns
+                .iter()
+                .enumerate()
+                .map(|(t, &(user, output))| (AgenticConfig::user_message(seed, s, t, user), output))
+                .collect(),
+            think_time,
+        }
+    };
+    (dispatch_sessions(ctx, cfg, arrivals, make, tasks), summary)
 }

@@ -18,13 +18,17 @@ use serde::{Deserialize, Serialize};
 pub struct RequestRecord {
     /// Position in the workload (trace line after --skip, or the synthetic request counter).
     pub index: usize,
-    /// Session key: the trace's conversation root (`trace-<id>`) or the synthetic session
-    /// (`syn-<seed>-<s>`); sent as the session header only when session headers are on.
+    /// Session key: the trace's conversation root (`trace-<id>`), the synthetic session
+    /// (`syn-<seed>-<s>`) or the agentic one (`agt-<seed>-<s>`); sent as the session header
+    /// only when session headers are on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
-    /// Synthetic turn number (0-based).
+    /// Session turn number (0-based; synthetic and agentic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<usize>,
+    /// Agentic: the session's tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<usize>,
     /// URL the request went to.
     pub url: String,
     /// When the workload asked for it to be sent.
@@ -130,9 +134,10 @@ pub struct RunMeta {
     pub urls: Vec<String>,
     pub url_policy: String,
     pub model: String,
-    /// `trace` or `synthetic`.
+    /// `trace`, `synthetic` or `agentic`.
     pub workload: String,
-    /// The workload's parameters (trace file and scaling, or the synthetic config).
+    /// The workload's parameters (trace file and scaling, or the synthetic / agentic config;
+    /// agentic adds `plan`, the planned sessions' summary).
     pub workload_params: serde_json::Value,
     pub concurrency: usize,
     pub limit: Option<usize>,
@@ -203,8 +208,10 @@ pub struct TokenTotals {
     pub completion: u64,
     /// Σ cached / Σ prompt over successful requests (engine-reported).
     pub cached_ratio: f64,
-    /// Trace only: fraction of blocks (and of tokens) of the replayed requests whose hash id
-    /// appeared earlier in the replay — the ceiling with one infinite shared cache.
+    /// The ceiling with one infinite cache shared by all instances. Trace: fraction of blocks
+    /// (and of tokens) of the replayed requests whose hash id appeared earlier in the replay.
+    /// Sessions (synthetic, agentic): fraction of the engines' full prompt blocks (and of
+    /// prompt tokens) whose prefix was sent earlier in the run ([`crate::ideal`]).
     pub ideal_block_hit_ratio: Option<f64>,
     pub ideal_token_hit_ratio: Option<f64>,
 }

@@ -208,11 +208,17 @@ pub fn mix(seed: u64, namespace: u64, id: u64) -> u64 {
     g.next_u64()
 }
 
-/// Namespaces so that trace blocks, system prompts and user turns never collide.
+/// Namespaces so that trace blocks, system prompts, user turns and the agentic workload's
+/// draws never collide.
 pub mod ns {
     pub const TRACE_BLOCK: u64 = 1;
     pub const SYSTEM_PROMPT: u64 = 2;
     pub const USER_TURN: u64 = 3;
+    pub const TENANT_SYSTEM: u64 = 4;
+    pub const TENANT_SIZE: u64 = 5;
+    pub const AGENTIC_TURN: u64 = 6;
+    pub const AGENTIC_SESSION: u64 = 7;
+    pub const AGENTIC_ARRIVAL: u64 = 8;
 }
 
 /// Appends `bytes` bytes of words generated from `stream_seed` to `out`. The text of a
