@@ -6,7 +6,9 @@
 //! applies), and schedulers that still bind sessions keep their bindings (a new TTL applies in
 //! place, a new `max_entries` rebuilds the table keeping the most recently used bindings); a
 //! new `maintenance_interval` applies after the wait in progress. Listen addresses, threads and `shutdown_grace` change only on
-//! restart.
+//! restart. Instance addresses given by name are re-resolved every
+//! [`crate::resolve::RERESOLVE_EVERY`]; a name that points elsewhere reloads the file (the
+//! moved instance starts with fresh counters).
 
 use crate::config::Config;
 use crate::runtime::Runtime;
@@ -51,6 +53,7 @@ impl Reloader {
                 self.shared.install(rt);
                 m.reloads.with_label_values(&["ok"]).inc();
                 m.reload_ok.set(1);
+                self.shared.status.reloaded(true, "");
                 info!(
                     "config reloaded from {}: {} services, {} routes",
                     self.path.display(),
@@ -62,6 +65,7 @@ impl Reloader {
             Err(e) => {
                 m.reloads.with_label_values(&["error"]).inc();
                 m.reload_ok.set(0);
+                self.shared.status.reloaded(false, &e.0.join("\n"));
                 error!(
                     "config reload from {} rejected, keeping the running config:\n  {}",
                     self.path.display(),
@@ -70,6 +74,39 @@ impl Reloader {
                 false
             }
         }
+    }
+
+    /// The first instance of the file whose address is a name that now resolves elsewhere
+    /// than the running instance's address, described for the log.
+    async fn name_moved(&self) -> Option<String> {
+        let cfg = Config::load(&self.path).ok()?;
+        let rt = self.shared.runtime.load_full();
+        for s in &cfg.services {
+            for i in s
+                .instances
+                .iter()
+                .filter(|i| crate::resolve::is_name(&i.addr))
+            {
+                let Ok(now) = crate::resolve::resolve_async(&i.addr).await else {
+                    continue; // unresolvable for now: keep the running address
+                };
+                let running = rt
+                    .ordered
+                    .iter()
+                    .flat_map(|s| s.instances.iter())
+                    .find(|x| x.id == i.id)
+                    .map(|x| x.addr);
+                if running.is_some_and(|r| r != now) {
+                    return Some(format!(
+                        "instance {}: {} now resolves to {now} (was {})",
+                        i.id,
+                        i.addr,
+                        running.map_or_else(String::new, |r| r.to_string())
+                    ));
+                }
+            }
+        }
+        None
     }
 
     /// Reloads on SIGHUP and on file changes until `stop` fires.
@@ -83,6 +120,8 @@ impl Reloader {
         };
         let mut last = stamp(&self.path);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut names = tokio::time::interval(crate::resolve::RERESOLVE_EVERY);
+        names.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -96,6 +135,12 @@ impl Reloader {
                     if now.is_some() && now != last {
                         last = now;
                         info!("{} changed: reloading", self.path.display());
+                        self.reload();
+                    }
+                }
+                _ = names.tick() => {
+                    if let Some(what) = self.name_moved().await {
+                        info!("{what}: reloading {}", self.path.display());
                         self.reload();
                     }
                 }
