@@ -149,11 +149,15 @@ impl ServeHttp for Admin {
         }
         match path {
             "/health" => resp(200, "text/plain", b"ok\n".to_vec()),
-            "/" => resp(
-                200,
-                "text/html; charset=utf-8",
-                crate::status::index_html().as_bytes().to_vec(),
-            ),
+            "/" => http::Response::builder()
+                .status(200)
+                .header("content-type", "text/html; charset=utf-8")
+                .header("content-security-policy", crate::status::CSP)
+                .header("x-content-type-options", "nosniff")
+                .header("cache-control", "no-store")
+                .header("content-length", crate::status::index_html().len())
+                .body(crate::status::index_html().as_bytes().to_vec())
+                .expect("valid response"),
             "/admin/status" => {
                 let body =
                     serde_json::to_vec(&crate::status::status_json(&self.shared)).unwrap_or_default();

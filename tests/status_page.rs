@@ -59,6 +59,14 @@ async fn status_json_and_the_page_behind_the_admin_token() {
         .to_str()
         .unwrap()
         .starts_with("text/html"));
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
     let html = page.text().await.unwrap();
     assert!(html.contains("assets/status.js") && html.contains("id=\"instances\""));
     let bearer = get("/admin/status")

@@ -32,6 +32,10 @@ const INDEX_HTML: &str = include_str!("assets/index.html");
 const STATUS_CSS: &str = include_str!("assets/status.css");
 const STATUS_JS: &str = include_str!("assets/status.js");
 
+/// The page loads nothing but its own assets and its JSON (no inline script, no other
+/// origin, not framed).
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
 /// Name of the cookie that carries the admin token for the page.
 pub const COOKIE: &str = "tokengate_admin";
 

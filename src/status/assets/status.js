@@ -191,14 +191,14 @@ function render(d) {
   setKpi("rps", fmtNum(rps), "", `${fmtInt(d.totals.requests)} total`);
   const minReq = sum(recentPts, p => p.requests), min5xx = sum(recentPts, p => p.server_errors), min4xx = sum(recentPts, p => p.client_errors);
   const errShare = minReq > 0 ? min5xx / minReq : 0;
-  setKpi("errors", fmtPct(errShare), "", `last min: ${fmtInt(min5xx)} 5xx · ${fmtInt(min4xx)} 4xx`,
+  setKpi("errors", fmtPct(errShare), "", `last min: 5xx ${fmtInt(min5xx)} · 4xx ${fmtInt(min4xx)}`,
     errShare > 0.05 ? "bad" : errShare > 0 ? "warn" : null);
   const lastTtft = [...hist].reverse().find(p => p.ttft_p50_ms !== null);
   setKpi("ttft", lastTtft ? fmtMs(lastTtft.ttft_p50_ms) : "–", "",
-    lastTtft ? `p95 ${fmtMs(lastTtft.ttft_p95_ms)} · streamed requests` : "no streamed request yet");
+    lastTtft ? `p95 ${fmtMs(lastTtft.ttft_p95_ms)}` : "no streamed request yet");
   const inst = d.instances || [];
   const inflight = sum(inst, i => i.inflight_requests), waiting = sum(inst, i => i.waiting), decoding = sum(inst, i => i.decoding);
-  setKpi("inflight", fmtInt(inflight), inflight === 1 ? "request" : "requests", `${fmtInt(waiting)} prefill · ${fmtInt(decoding)} decode · ${fmtNum(sum(inst, i => i.inflight_tokens))} tok`);
+  setKpi("inflight", fmtInt(inflight), inflight === 1 ? "request" : "requests", `${fmtInt(waiting)} prefill · ${fmtInt(decoding)} decode`);
   const tps = last ? (last.prompt_tokens + last.completion_tokens) / ivs : 0;
   setKpi("tokens", fmtNum(tps), "", `total ${fmtNum(d.totals.prompt_tokens)} in · ${fmtNum(d.totals.completion_tokens)} out`);
   const up = inst.filter(i => i.health.healthy && !i.health.ejected).length;
