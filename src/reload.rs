@@ -76,8 +76,8 @@ impl Reloader {
         }
     }
 
-    /// The first instance of the file whose address is a name that now resolves elsewhere
-    /// than the running instance's address, described for the log.
+    /// The first instance of the file whose address is a name that no longer resolves to
+    /// the running instance's address, described for the log.
     async fn name_moved(&self) -> Option<String> {
         let cfg = Config::load(&self.path).ok()?;
         let rt = self.shared.runtime.load_full();
@@ -87,8 +87,9 @@ impl Reloader {
                 .iter()
                 .filter(|i| crate::resolve::is_name(&i.addr))
             {
-                let Ok(now) = crate::resolve::resolve_async(&i.addr).await else {
-                    continue; // unresolvable for now: keep the running address
+                let now = match crate::resolve::resolve_all(&i.addr).await {
+                    Ok(all) if !all.is_empty() => all,
+                    _ => continue, // unresolvable for now: keep the running address
                 };
                 let running = rt
                     .ordered
@@ -96,12 +97,10 @@ impl Reloader {
                     .flat_map(|s| s.instances.iter())
                     .find(|x| x.id == i.id)
                     .map(|x| x.addr);
-                if running.is_some_and(|r| r != now) {
+                if let Some(r) = running.filter(|r| !now.contains(r)) {
                     return Some(format!(
-                        "instance {}: {} now resolves to {now} (was {})",
-                        i.id,
-                        i.addr,
-                        running.map_or_else(String::new, |r| r.to_string())
+                        "instance {}: {} now resolves to {now:?} (was {r})",
+                        i.id, i.addr
                     ));
                 }
             }

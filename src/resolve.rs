@@ -1,8 +1,11 @@
 //! Instance addresses: `ip:port`, or `host:port` for engines addressed by name (a Docker
 //! Compose service, a Kubernetes headless Service: `engine-0.engines.default.svc:8000`).
-//! A name is resolved when the config is loaded (at start and on every reload; the first
-//! IPv4 address wins, else the first address); the reloader re-resolves names every
-//! [`RERESOLVE_EVERY`] and reloads when one points elsewhere (a restarted pod's new IP).
+//! A name is resolved when the config is loaded (at start and on every reload); a name with
+//! several addresses gives its lowest IPv4 address (else its lowest address), so the choice
+//! does not depend on the resolver's order: one instance is one engine, list each pod's own
+//! name to spread over several. The reloader re-resolves names every [`RERESOLVE_EVERY`] and
+//! reloads when the running address is no longer among a name's addresses (a restarted
+//! pod's new IP).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -54,28 +57,29 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, String> {
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
         .collect();
-    all.iter()
-        .find(|a| a.is_ipv4())
-        .or_else(|| all.first())
-        .copied()
-        .ok_or_else(|| format!("cannot resolve {addr:?}: no address"))
+    pick(&all).ok_or_else(|| format!("cannot resolve {addr:?}: no address"))
 }
 
-/// Like [`resolve`], without blocking the runtime's thread.
-pub async fn resolve_async(addr: &str) -> Result<SocketAddr, String> {
+/// The address a name stands for among all of its addresses: the lowest IPv4 one, else the
+/// lowest.
+fn pick(all: &[SocketAddr]) -> Option<SocketAddr> {
+    all.iter()
+        .filter(|a| a.is_ipv4())
+        .min()
+        .or_else(|| all.iter().min())
+        .copied()
+}
+
+/// Every address of `addr` now, without blocking the runtime's thread.
+pub async fn resolve_all(addr: &str) -> Result<Vec<SocketAddr>, String> {
     if let Ok(a) = addr.parse::<SocketAddr>() {
-        return Ok(a);
+        return Ok(vec![a]);
     }
     check(addr)?;
-    let all: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+    Ok(tokio::net::lookup_host(addr)
         .await
         .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
-        .collect();
-    all.iter()
-        .find(|a| a.is_ipv4())
-        .or_else(|| all.first())
-        .copied()
-        .ok_or_else(|| format!("cannot resolve {addr:?}: no address"))
+        .collect())
 }
 
 #[cfg(test)]
@@ -121,5 +125,14 @@ mod tests {
         assert!(resolve("no-such-host.invalid:80")
             .unwrap_err()
             .starts_with("cannot resolve"));
+    }
+
+    #[test]
+    fn a_name_with_several_addresses_stands_for_its_lowest_ipv4() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let all = [a("[::1]:80"), a("10.0.0.9:80"), a("10.0.0.2:80")];
+        assert_eq!(pick(&all), Some(a("10.0.0.2:80")));
+        assert_eq!(pick(&all[..1]), Some(a("[::1]:80")));
+        assert_eq!(pick(&[]), None);
     }
 }
