@@ -4,10 +4,11 @@
 //! - Every PromQL query of the dashboard names only series and labels that `/metrics`
 //!   exports (after a burst of traffic through a fleet that exercises every family).
 //! - Every `tokengate_*` family — exported by the live gateway, or registered anywhere in
-//!   `src/` — is shown by the dashboard. The status page shows the operator's subset
-//!   (`/admin/status`); the dashboard is the complete view, so a new family fails this
-//!   test until it has a panel. Adding a family = one panel in the dashboard JSON (+ traffic
-//!   in [`FLEET_YAML`] that makes the family export a series, when it needs some).
+//!   `src/` — is shown by the dashboard (a query names it) and by the status page (its
+//!   field of `/admin/status`, listed in [`PAGE`], exists in the live JSON; the page renders
+//!   it, `tests/status_page.rs`). A new family fails this test until it has both: adding a
+//!   family = one panel in the dashboard JSON + one [`PAGE`] entry (+ traffic in
+//!   [`FLEET_YAML`] that makes the family export a series, when it needs some).
 //! - Prometheus (Debian's `prometheus`; skipped when absent unless
 //!   `TOKENGATE_REQUIRE_PROMETHEUS=1`, which `.ci/run` sets): `promtool check config` on the
 //!   shipped `docker/prometheus/prometheus.yml`, a Prometheus scraping the live gateway
@@ -242,13 +243,83 @@ fn registered_families() -> BTreeSet<String> {
     out
 }
 
-/// A fleet after traffic, with every family of the metrics module exported.
-async fn busy_fleet() -> (Fleet, Exposition) {
+/// Where the status page shows each metric family: a JSON pointer into `/admin/status`
+/// (`0` = the first instance / service / call).
+const PAGE: &[(&str, &str)] = &[
+    ("tokengate_requests_total", "/totals/requests"),
+    (
+        "tokengate_request_duration_seconds",
+        "/recent/0/duration_ms",
+    ),
+    ("tokengate_ttft_seconds", "/recent/0/ttft_ms"),
+    ("tokengate_tokens_total", "/services/0/tokens/prompt"),
+    (
+        "tokengate_inflight_requests",
+        "/instances/0/inflight_requests",
+    ),
+    ("tokengate_inflight_tokens", "/instances/0/inflight_tokens"),
+    ("tokengate_waiting_requests", "/instances/0/waiting"),
+    (
+        "tokengate_queued_prefill_tokens",
+        "/instances/0/queued_prefill_tokens",
+    ),
+    (
+        "tokengate_learned_prefill_tokens_per_second",
+        "/instances/0/learned/prefill_tokens_per_second",
+    ),
+    (
+        "tokengate_learned_decode_step_seconds",
+        "/instances/0/learned/decode_step_ms",
+    ),
+    ("tokengate_routing_decisions_total", "/reasons/0/count"),
+    (
+        "tokengate_prefix_tokens_total",
+        "/services/0/hit_ratio/ceiling",
+    ),
+    (
+        "tokengate_prefix_engine_tokens_total",
+        "/services/0/hit_ratio/engine",
+    ),
+    (
+        "tokengate_prefix_hit_ratio",
+        "/services/0/hit_ratio/predicted",
+    ),
+    ("tokengate_prefix_index_nodes", "/services/0/index/nodes"),
+    ("tokengate_prefix_index_bytes", "/services/0/index/bytes"),
+    (
+        "tokengate_prefix_index_evicted_bytes",
+        "/services/0/index/evicted_bytes",
+    ),
+    (
+        "tokengate_prefix_index_trimmed_blocks",
+        "/services/0/index/trimmed_blocks",
+    ),
+    ("tokengate_sessions", "/services/0/sessions"),
+    ("tokengate_decision_total", "/decision_calls/0/count"),
+    (
+        "tokengate_decision_latency_seconds",
+        "/decision_calls/0/mean_latency_ms",
+    ),
+    ("tokengate_config_reloads_total", "/reload/ok"),
+    ("tokengate_config_last_reload_success", "/reload/last_ok"),
+    (
+        "tokengate_instance_available",
+        "/instances/0/health/healthy",
+    ),
+    (
+        "tokengate_instance_ejections",
+        "/instances/0/health/ejections",
+    ),
+];
+
+/// A fleet after traffic, with every family of the metrics module exported; its
+/// `/admin/status`.
+async fn busy_fleet() -> (Fleet, Exposition, serde_json::Value) {
     let fleet = Fleet::start(FLEET_YAML);
     fleet.drive(6).await;
-    fleet.settled_status().await;
+    let status = fleet.settled_status().await;
     let text = fleet.metrics().await;
-    (fleet, parse_metrics(&text))
+    (fleet, parse_metrics(&text), status)
 }
 
 #[test]
@@ -276,7 +347,7 @@ fn the_query_reader_finds_metrics_labels_and_groupings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_queries_name_only_exported_metrics_and_labels() {
-    let (_fleet, exp) = busy_fleet().await;
+    let (_fleet, exp, _) = busy_fleet().await;
     let mut problems = Vec::new();
     for (title, expr) in dashboard_queries() {
         let r = refs(&expr);
@@ -313,8 +384,8 @@ async fn dashboard_queries_name_only_exported_metrics_and_labels() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_exported_family_is_on_the_dashboard() {
-    let (_fleet, exp) = busy_fleet().await;
+async fn every_exported_family_is_on_the_dashboard_and_the_status_page() {
+    let (_fleet, exp, status) = busy_fleet().await;
     let mut families: BTreeSet<String> = exp
         .families
         .iter()
@@ -344,8 +415,23 @@ async fn every_exported_family_is_on_the_dashboard() {
         .collect();
     assert!(
         missing.is_empty(),
-        "metric families neither the dashboard nor the status page shows: {missing:?} — add a panel to docker/grafana/dashboards/tokengate.json"
+        "metric families the dashboard does not show: {missing:?} — add a panel to docker/grafana/dashboards/tokengate.json"
     );
+    let on_page: BTreeSet<&str> = PAGE.iter().map(|(f, _)| *f).collect();
+    let missing: Vec<&String> = families
+        .iter()
+        .filter(|f| !on_page.contains(f.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "metric families the status page does not show: {missing:?} — show them on the page (src/status/) and list their /admin/status field in PAGE"
+    );
+    for (f, ptr) in PAGE {
+        assert!(
+            status.pointer(ptr).is_some_and(|v| !v.is_null()),
+            "{f}: /admin/status has no {ptr}:\n{status:#}"
+        );
+    }
 }
 
 fn find_bin(name: &str) -> Option<PathBuf> {

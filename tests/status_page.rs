@@ -346,6 +346,16 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
         assert!(card[j..j + 400].contains('%'), "ceiling ratio of {svc}");
     }
     assert!(dom.contains("data-route=\"qwen3\""), "the route card");
+    // The prefix index figures and the decision service's calls with their latency.
+    assert!(
+        dom.matches("\">prefix index: ").count() == 2
+            && dom.contains(" nodes · ")
+            && dom.contains(" · evicted ")
+            && dom.contains(" · trimmed "),
+        "the prefix index line"
+    );
+    assert!(dom.contains("qwen3 → "), "decision calls");
+    assert!(dom.contains(" mean"), "decision latency");
     let recent_rows = dom.matches("data-request=\"").count();
     assert!(recent_rows >= 10, "{recent_rows} recent rows");
     for reason in ["least-token", "decision(", "no-such-model"] {

@@ -312,9 +312,26 @@ pub fn status_json(shared: &Shared) -> Value {
         .map(|(l, v)| (l.get("reason").cloned().unwrap_or_default(), v))
         .collect();
     reasons.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    // Mean latency of the decision service per route (the histogram's sum / count).
+    let mut latency: BTreeMap<String, f64> = BTreeMap::new();
+    for mf in m.decision_latency.collect() {
+        for x in mf.get_metric() {
+            let h = x.get_histogram();
+            if let (Some(r), true) = (x.get_label().first(), h.sample_count() > 0) {
+                latency.insert(
+                    r.value().to_string(),
+                    h.sample_sum() * 1e3 / h.sample_count() as f64,
+                );
+            }
+        }
+    }
     let decision_calls: Vec<Value> = rows(&m.decision_total)
         .into_iter()
-        .map(|(l, v)| json!({"route": l.get("route"), "outcome": l.get("outcome"), "count": v}))
+        .map(|(l, v)| {
+            let route = l.get("route").cloned().unwrap_or_default();
+            json!({"route": route, "outcome": l.get("outcome"), "count": v,
+                "mean_latency_ms": latency.get(&route)})
+        })
         .collect();
     let (mut requests, mut server_errors, mut client_errors) = (0.0, 0.0, 0.0);
     for (l, v) in rows(&m.requests) {

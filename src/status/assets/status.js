@@ -230,7 +230,7 @@ function render(d) {
   renderServices(d, hist, opts);
   renderRecent(d.recent || [], wallOffset);
   renderBars("reasons", (d.reasons || []).map(r => [r.reason, r.count]), "no routed request yet");
-  const calls = (d.decision_calls || []).map(c => [`${c.route} → ${c.outcome}`, c.count]).sort((a, b) => b[1] - a[1]);
+  const calls = (d.decision_calls || []).map(c => [`${c.route} → ${c.outcome}` + (c.mean_latency_ms === null ? "" : ` · ${fmtMs(c.mean_latency_ms)} mean`), c.count]).sort((a, b) => b[1] - a[1]);
   document.getElementById("decision-card").hidden = calls.length === 0;
   renderBars("decisions", calls, "");
   renderConfig(d, wallOffset);
@@ -240,15 +240,17 @@ function renderInstances(inst) {
   const maxIn = Math.max(1, ...inst.map(i => i.inflight_requests));
   const rows = inst.map(i => {
     const hl = i.health;
-    const badge = hl.ejected ? h("span", { class: "badge ejected", title: `ejected for ${fmtDuration(hl.ejected_for_ms)} more` }, "ejected")
-      : hl.healthy ? h("span", { class: "badge up" }, "healthy") : h("span", { class: "badge down" }, "down");
+    const ej = `${fmtInt(hl.ejections)} passive ejection${hl.ejections === 1 ? "" : "s"} since start`;
+    const badge = hl.ejected ? h("span", { class: "badge ejected", title: `ejected for ${fmtDuration(hl.ejected_for_ms)} more; ${ej}` }, "ejected")
+      : hl.healthy ? h("span", { class: "badge up", title: ej }, "healthy") : h("span", { class: "badge down", title: ej }, "down");
+    const ejections = hl.ejections > 0 ? h("span", { class: "ej", title: ej }, ` ${fmtInt(hl.ejections)}× ejected`) : null;
     const num = (field, v, fmt) => h("td", { class: "num" + (v === 0 ? " zero" : ""), "data-field": field }, (fmt || fmtInt)(v));
     const e = i.engine;
     const engine = e ? `${fmtInt(e.running)} run · ${fmtInt(e.waiting)} wait · KV ${fmtPct(e.kv_usage)}` : "not scraped";
     return h("tr", { "data-instance": i.id },
       h("td", { class: "id" }, i.id, h("div", { class: "addr" }, i.addr)),
       h("td", {}, i.service),
-      h("td", { "data-field": "health" }, badge),
+      h("td", { "data-field": "health" }, badge, ejections),
       h("td", { class: "num" + (i.inflight_requests === 0 ? " zero" : ""), "data-field": "inflight_requests" }, fmtInt(i.inflight_requests),
         h("span", { class: "meter" }, h("span", { style: `width:${Math.round(100 * i.inflight_requests / maxIn)}%` }))),
       num("inflight_tokens", i.inflight_tokens, fmtNum),
@@ -292,17 +294,18 @@ function renderServices(d, hist, opts) {
     const more = [];
     more.push(`${sv.available}/${sv.instances} up`);
     if (sv.sessions !== null && sv.sessions !== undefined) more.push(`${fmtInt(sv.sessions)} sessions`);
-    more.push(`index ${fmtInt(idx.blocks)} blocks · ${fmtBytes(idx.bytes)}`);
     const r = sv.hit_ratio;
     more.push(`${fmtNum(sv.tokens.prompt)} tokens in · ${fmtNum(sv.tokens.completion)} out`);
+    const index = `prefix index: ${fmtInt(idx.blocks)} blocks · ${fmtInt(idx.nodes)} nodes · ${fmtBytes(idx.bytes)} · evicted ${fmtBytes(idx.evicted_bytes)} · trimmed ${fmtInt(idx.trimmed_blocks)} blocks`;
     const card = h("div", { class: "card", "data-service": sv.name },
       h("div", { class: "svc-head" }, h("span", { class: "name" }, sv.name), h("span", { class: "badge mode" }, sv.mode || "balance"),
-        h("span", { class: "more" }, "prefix hits since start · chart: 30 s window")),
+        h("span", { class: "more", title: "prefix hit ratios since start; the chart: over 30 s windows" }, "since start · chart: 30 s windows")),
       h("div", { class: "ratios" },
         ratio("ceiling", r.ceiling, COLORS.slate, "since start: best cached prefix on any instance"),
         ratio("predicted", r.predicted, COLORS.blue, "since start: cached prefix on the chosen instance, by the gateway's index"),
         ratio("engine", r.engine, COLORS.green, "since start: cached tokens the engines reported")),
       h("div", { class: "svc-more" }, more.join(" · ")),
+      h("div", { class: "svc-more", "data-field": "index", title: index }, index),
       svg,
       h("div", { class: "pipeline", title: sv.pipeline || "" }, sv.pipeline || ""));
     return [card, svg, hs];
