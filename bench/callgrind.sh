@@ -9,7 +9,7 @@
 # keep-alive connections, the counters are dumped and divided by N. The body is the 2 KB chat
 # request of bench/overhead.sh; SCHED picks the service's scheduler (balance, layered, policy).
 #
-# Usage: [SCHED=balance] [N=1000] [WARM=200] bench/callgrind.sh [BIN ...]   (default: target/release/tokengate)
+# Usage: [SCHED=balance] [N=1000] [WARM=200] bench/callgrind.sh [BIN ...]   (default: target/dist/tokengate)
 # Needs valgrind (apt-get install valgrind). Prints one line per binary; with OUT=FILE appends
 # a markdown table row per binary to FILE; with KEEP=DIR keeps the dumps there (read them with
 # `callgrind_annotate --inclusive=yes FILE`).
@@ -20,7 +20,7 @@ N=${N:-1000}
 WARM=${WARM:-200}
 SCHED=${SCHED:-balance}
 BINS=("$@")
-[ ${#BINS[@]} -gt 0 ] || BINS=(target/release/tokengate)
+[ ${#BINS[@]} -gt 0 ] || BINS=(target/dist/tokengate)
 command -v valgrind >/dev/null || { echo "valgrind missing: apt-get install valgrind" >&2; exit 1; }
 SIM_BIN=${BINS[0]}
 

@@ -16,7 +16,7 @@ ROUNDS=${ROUNDS:-5}
 DUR=${DUR:-5s}
 SCHED=${SCHED:-balance}
 BINS=("$@")
-[ ${#BINS[@]} -gt 0 ] || BINS=(target/release/tokengate)
+[ ${#BINS[@]} -gt 0 ] || BINS=(target/dist/tokengate)
 for c in nginx wrk valgrind; do command -v $c >/dev/null || { echo "$c missing" >&2; exit 1; }; done
 cleanup_extra() { for f in "$WORK"/nginx*.pid; do [ -f "$f" ] && kill "$(cat "$f")"; done; }
 

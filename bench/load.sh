@@ -18,8 +18,8 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$need" ]; then
   echo "ulimit -n is $(ulimit -n); $STREAMS streams need about $need descriptors" >&2; exit 1
 fi
 ./scripts/setup.sh >/dev/null
-cargo build --release --quiet
-BIN=target/release/tokengate
+cargo build --profile dist --quiet
+BIN=target/dist/tokengate
 . bench/lib.sh
 INST=""
 for i in $(seq 1 "$SIMS"); do

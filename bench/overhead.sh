@@ -38,8 +38,8 @@ cleanup_extra() { [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")"; }
 command -v oha >/dev/null || { echo "oha missing: cargo install oha" >&2; exit 1; }
 command -v smg >/dev/null || { echo "smg missing: pip install smg" >&2; exit 1; }
 ./scripts/setup.sh
-cargo build --release --quiet --bin tokengate --example bare_pingora
-BIN=target/release/tokengate
+cargo build --profile dist --quiet --bin tokengate --example bare_pingora
+BIN=target/dist/tokengate
 
 
 UP_PORT=$(free_port)
@@ -74,7 +74,7 @@ start_tg tokengate warn
 start_tg tokengate-accesslog info
 
 BARE_PORT=$(free_port)
-"${PROXY[@]}" target/release/examples/bare_pingora 127.0.0.1:$BARE_PORT 127.0.0.1:$UP_PORT $THREADS >"$WORK/bare.log" 2>&1 &
+"${PROXY[@]}" target/dist/examples/bare_pingora 127.0.0.1:$BARE_PORT 127.0.0.1:$UP_PORT $THREADS >"$WORK/bare.log" 2>&1 &
 PID[bare-pingora]=$!; PIDS+=($!)
 URL[bare-pingora]=http://127.0.0.1:$BARE_PORT/v1/chat/completions
 for _ in $(seq 1 100); do curl -s -o /dev/null "${URL[bare-pingora]}" && break; sleep 0.1; done
@@ -191,7 +191,7 @@ def added(t, k):
     return [a[k] - d[k] for a, d in zip(res[t], res["direct"])]
 ratio = [a["rps"] / s["rps"] for a, s in zip(res["tokengate"], res["smg"])]
 cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
-ver = subprocess.run(["target/release/tokengate", "--version"], capture_output=True, text=True).stdout.strip()
+ver = subprocess.run(["target/dist/tokengate", "--version"], capture_output=True, text=True).stdout.strip()
 smgv = subprocess.run(["pip", "show", "smg"], capture_output=True, text=True).stdout
 smgv = next((l.split(":", 1)[1].strip() for l in smgv.splitlines() if l.startswith("Version")), "?")
 ngv = subprocess.run(["sh", "-c", "nginx -v 2>&1 | cut -d/ -f2"], capture_output=True, text=True).stdout.strip() or "-"

@@ -1,5 +1,9 @@
 //! The admin listener (default 127.0.0.1 only): `GET /health`, `GET /metrics` (Prometheus
-//! text), `GET /admin/instances` (JSON snapshot of the load table).
+//! text), `GET /admin/instances` (JSON snapshot of the load table), and the live status page
+//! (`GET /`, its `/assets/*` and `GET /admin/status`, see [`crate::status`]).
+//!
+//! With `admin_token` set, every path but `/health` and the page's static assets needs the
+//! token: `Authorization: Bearer <token>`, or the page's cookie (set by `/?token=<token>`).
 
 use crate::clock::now_ms;
 use crate::request::admit::ct_eq;
@@ -135,6 +139,9 @@ impl ServeHttp for Admin {
             );
         }
         let path = req.uri.path();
+        if let Some((ctype, body)) = crate::status::asset(path) {
+            return resp(200, ctype, body.as_bytes().to_vec());
+        }
         if path != "/health" {
             if let Some(token) = self.shared.runtime.load().admin_token.as_deref() {
                 let presented = req
@@ -145,7 +152,33 @@ impl ServeHttp for Admin {
                         (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
                             .then(|| v[7..].trim_ascii())
                     });
-                if !presented.is_some_and(|p| ct_eq(p, token)) {
+                let cookie = crate::status::cookie_token(&req.headers);
+                // `/?token=…` (the page opened by hand): keep the token in a cookie and
+                // take it out of the address bar.
+                if path == "/" {
+                    if let Some(t) = crate::status::query_param(req.uri.query(), "token") {
+                        if ct_eq(&t, token) {
+                            return http::Response::builder()
+                                .status(303)
+                                .header("location", "./")
+                                .header("set-cookie", crate::status::set_cookie(token))
+                                .header("cache-control", "no-store")
+                                .header("content-length", 0)
+                                .body(Vec::new())
+                                .expect("valid response");
+                        }
+                    }
+                }
+                let ok = presented.is_some_and(|p| ct_eq(p, token))
+                    || cookie.is_some_and(|c| ct_eq(&c, token));
+                if !ok && path == "/" {
+                    return resp(
+                        401,
+                        "text/html; charset=utf-8",
+                        crate::status::login_html().into_bytes(),
+                    );
+                }
+                if !ok {
                     return resp(
                         401,
                         "application/json",
@@ -156,6 +189,20 @@ impl ServeHttp for Admin {
         }
         match path {
             "/health" => resp(200, "text/plain", b"ok\n".to_vec()),
+            "/" => http::Response::builder()
+                .status(200)
+                .header("content-type", "text/html; charset=utf-8")
+                .header("content-security-policy", crate::status::CSP)
+                .header("x-content-type-options", "nosniff")
+                .header("cache-control", "no-store")
+                .header("content-length", crate::status::index_html().len())
+                .body(crate::status::index_html().as_bytes().to_vec())
+                .expect("valid response"),
+            "/admin/status" => {
+                let body =
+                    serde_json::to_vec(&crate::status::status_json(&self.shared)).unwrap_or_default();
+                resp(200, "application/json", body)
+            }
             "/metrics" => resp(200, "text/plain; version=0.0.4", self.render_metrics()),
             "/admin/instances" => {
                 let body =
@@ -167,7 +214,7 @@ impl ServeHttp for Admin {
                 404,
                 "application/json",
                 serde_json::to_vec(&serde_json::json!({"error": {
-                    "message": format!("unknown admin path {other}; try /health, /metrics or /admin/instances"),
+                    "message": format!("unknown admin path {other}; try / (the status page), /health, /metrics, /admin/instances or /admin/status"),
                     "type": "not_found_error", "code": "unknown_url"}}))
                 .unwrap_or_default(),
             ),

@@ -775,7 +775,8 @@ fn d_em_path() -> String {
 pub struct InstanceConfig {
     /// Unique id, shown in `x-tokengate-instance`, metrics and logs.
     pub id: String,
-    /// `host:port` of the engine's HTTP server (IP literal).
+    /// The engine's HTTP server: `ip:port`, or `host:port` resolved at load (see
+    /// [`crate::resolve`]).
     pub addr: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -991,11 +992,8 @@ impl Config {
                         inst.id
                     ));
                 }
-                if inst.addr.parse::<SocketAddr>().is_err() {
-                    errs.push(format!(
-                        "{p}.addr: invalid socket address {:?} (expected ip:port, e.g. 10.0.0.5:8000)",
-                        inst.addr
-                    ));
+                if let Err(e) = crate::resolve::check(&inst.addr) {
+                    errs.push(format!("{p}.addr: {e}"));
                 }
             }
         }

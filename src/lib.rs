@@ -7,11 +7,11 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`transport`], [`upstream`], [`config`], [`decision`] |
+//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`transport`], [`resolve`], [`upstream`], [`config`], [`decision`] |
 //! | state | [`pipelines`] (config → pipelines), [`runtime`] (services, routes, instances), [`shared`] |
 //! | one request | [`request`] (admit → plan → dispatch → complete), [`bigbody`], [`proxy`] (Pingora hooks) |
-//! | around requests | [`background`] (health checks, maintenance), [`reload`], [`admin`] |
-//! | process | [`server`], [`demo`] |
+//! | around requests | [`background`] (health checks, maintenance), [`reload`], [`status`] (the live status page; [`status::recent`] is a leaf the request path writes to), [`admin`] |
+//! | process | [`server`], [`demo`], [`probe`] (the container health check) |
 
 pub mod admin;
 pub mod api;
@@ -28,12 +28,15 @@ pub mod load;
 pub mod memory;
 pub mod metrics;
 pub mod pipelines;
+pub mod probe;
 pub mod proxy;
 pub mod reload;
 pub mod request;
+pub mod resolve;
 pub mod runtime;
 pub mod server;
 pub mod shared;
+pub mod status;
 pub mod throttle;
 pub mod transport;
 pub mod upstream;

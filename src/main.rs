@@ -49,12 +49,15 @@ enum Cmd {
     /// cache, continuous batching and fault injection (for tests and benchmarks without GPUs).
     EngineSim {
         #[command(flatten)]
-        args: engine_sim::SimArgs,
+        args: Box<engine_sim::SimArgs>,
     },
     /// Benchmarks: replay a request trace (or a synthetic multi-turn workload) against any
     /// OpenAI-compatible URL and report TTFT, latency, throughput, cache hits and load spread.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// One HTTP GET: exit 0 when the answer is 2xx, else print why and exit 1. The
+    /// container image's HEALTHCHECK (no curl in it).
+    Probe(Box<ProbeArgs>),
     /// Validate a config file: exit 0 when valid (printing warnings about settings that have
     /// no effect); otherwise print every error with its YAML path (e.g.
     /// `services[1].instances[0].addr: invalid socket address`) and exit 1.
@@ -63,6 +66,16 @@ enum Cmd {
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+struct ProbeArgs {
+    /// What to GET.
+    #[arg(default_value = tokengate::probe::DEFAULT_URL)]
+    url: String,
+    /// Connect and read timeout.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
 }
 
 #[derive(Subcommand)]
@@ -108,6 +121,17 @@ fn main() -> ExitCode {
                 for line in e.0 {
                     eprintln!("  {line}");
                 }
+                ExitCode::from(1)
+            }
+        },
+        Cmd::Probe(p) => match tokengate::probe::get_status(&p.url, p.timeout) {
+            Ok(s) if (200..300).contains(&s) => ExitCode::SUCCESS,
+            Ok(s) => {
+                eprintln!("{}: status {s}", p.url);
+                ExitCode::from(1)
+            }
+            Err(e) => {
+                eprintln!("{e}");
                 ExitCode::from(1)
             }
         },
@@ -157,7 +181,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match rt.block_on(engine_sim::run_cli(args)) {
+            match rt.block_on(engine_sim::run_cli(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("engine-sim: {e}");

@@ -318,6 +318,10 @@ impl Metrics {
         )
         .expect("metric");
         reload_ok.set(1);
+        // Both results exist from the start (a rate over them works before any reload).
+        for r in ["ok", "error"] {
+            reloads.with_label_values(&[r]);
+        }
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),

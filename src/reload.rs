@@ -6,7 +6,9 @@
 //! applies), and schedulers that still bind sessions keep their bindings (a new TTL applies in
 //! place, a new `max_entries` rebuilds the table keeping the most recently used bindings); a
 //! new `maintenance_interval` applies after the wait in progress. Listen addresses, threads and `shutdown_grace` change only on
-//! restart.
+//! restart. Instance addresses given by name are re-resolved every
+//! [`crate::resolve::RERESOLVE_EVERY`]; a name that points elsewhere reloads the file (the
+//! moved instance starts with fresh counters).
 
 use crate::config::Config;
 use crate::runtime::Runtime;
@@ -76,6 +78,7 @@ impl Reloader {
                 self.shared.install(rt);
                 m.reloads.with_label_values(&["ok"]).inc();
                 m.reload_ok.set(1);
+                self.shared.status.reloaded(true, "");
                 info!(
                     "config reloaded from {}: {} services, {} routes",
                     self.source.path.display(),
@@ -87,6 +90,7 @@ impl Reloader {
             Err(e) => {
                 m.reloads.with_label_values(&["error"]).inc();
                 m.reload_ok.set(0);
+                self.shared.status.reloaded(false, &e.0.join("\n"));
                 error!(
                     "config reload from {} rejected, keeping the running config:\n  {}",
                     self.source.path.display(),
@@ -95,6 +99,38 @@ impl Reloader {
                 false
             }
         }
+    }
+
+    /// The first instance of the file whose address is a name that no longer resolves to
+    /// the running instance's address, described for the log.
+    async fn name_moved(&self) -> Option<String> {
+        let cfg = Config::load(&self.source.path).ok()?;
+        let rt = self.shared.runtime.load_full();
+        for s in &cfg.services {
+            for i in s
+                .instances
+                .iter()
+                .filter(|i| crate::resolve::is_name(&i.addr))
+            {
+                let now = match crate::resolve::resolve_all(&i.addr).await {
+                    Ok(all) if !all.is_empty() => all,
+                    _ => continue, // unresolvable for now: keep the running address
+                };
+                let running = rt
+                    .ordered
+                    .iter()
+                    .flat_map(|s| s.instances.iter())
+                    .find(|x| x.id == i.id)
+                    .map(|x| x.addr);
+                if let Some(r) = running.filter(|r| !now.contains(r)) {
+                    return Some(format!(
+                        "instance {}: {} now resolves to {now:?} (was {r})",
+                        i.id, i.addr
+                    ));
+                }
+            }
+        }
+        None
     }
 
     /// Reloads on SIGHUP and on file changes until `stop` fires.
@@ -109,6 +145,8 @@ impl Reloader {
         let path = self.source.path.clone();
         let mut last = self.source.loaded;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut names = tokio::time::interval(crate::resolve::RERESOLVE_EVERY);
+        names.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -130,6 +168,12 @@ impl Reloader {
                     if now.is_some() && now != last {
                         last = now;
                         info!("{} changed: reloading", path.display());
+                        self.reload();
+                    }
+                }
+                _ = names.tick() => {
+                    if let Some(what) = self.name_moved().await {
+                        info!("{what}: reloading {}", path.display());
                         self.reload();
                     }
                 }

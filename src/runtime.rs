@@ -393,10 +393,10 @@ impl Runtime {
             let mut instances = Vec::with_capacity(s.instances.len());
             for (idx, i) in s.instances.iter().enumerate() {
                 let p = format!("services[{si}].instances[{idx}]");
-                let addr: SocketAddr = match i.addr.parse() {
+                let addr: SocketAddr = match crate::resolve::resolve(&i.addr) {
                     Ok(a) => a,
-                    Err(_) => {
-                        errs.push(format!("{p}.addr: invalid socket address {:?}", i.addr));
+                    Err(e) => {
+                        errs.push(format!("{p}.addr: {e}"));
                         continue;
                     }
                 };

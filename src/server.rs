@@ -200,6 +200,10 @@ impl BackgroundService for Acceptor {
             self.shared.clone(),
             shutdown.clone(),
         )));
+        tasks.push(tokio::spawn(crate::status::run(
+            self.shared.clone(),
+            shutdown.clone(),
+        )));
         while !*shutdown.borrow() {
             if shutdown.changed().await.is_err() {
                 break;

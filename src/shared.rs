@@ -19,6 +19,8 @@ pub struct Shared {
     /// Bumped each time a reload swaps the runtime in (background loops that wait for a
     /// configured interval re-read it at once).
     pub generation: tokio::sync::watch::Sender<u64>,
+    /// What the status page remembers: recent requests, sampled history, last reload.
+    pub status: crate::status::recent::Board,
 }
 
 impl Shared {
@@ -36,6 +38,7 @@ impl Shared {
                 .build()
                 .unwrap_or_default(),
             generation: tokio::sync::watch::Sender::new(0),
+            status: crate::status::recent::Board::new(),
         }))
     }
 

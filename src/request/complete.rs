@@ -324,6 +324,24 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     if let (true, Some(t)) = (stream, ctx.response.ttft) {
         m.ttft.with_label_values(&[model]).observe(t.as_secs_f64());
     }
+    shared.status.record(&crate::status::recent::Finished {
+        request_id: &ctx.request_id,
+        model: ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
+        instance,
+        status,
+        // A request the gateway answered itself: its error says why.
+        reason: match ctx.local_error.as_deref() {
+            Some(e) if ctx.reason.is_empty() => e,
+            _ => &ctx.reason,
+        },
+        stream,
+        routed: ctx.plan.is_some(),
+        ttft: ctx.response.ttft,
+        duration: dur,
+        prompt_tokens: u.prompt,
+        completion_tokens: u.completion,
+        cached_tokens: u.cached,
+    });
     // Nothing of the access line is formatted when its target is off.
     if log::log_enabled!(target: "access", log::Level::Info) {
         let req = session.req_header();

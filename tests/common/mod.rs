@@ -3,6 +3,8 @@
 //! stdout, waits poll with a deadline.
 #![allow(dead_code)]
 
+pub(crate) mod fleet;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,0 +1,138 @@
+//! Instance addresses: `ip:port`, or `host:port` for engines addressed by name (a Docker
+//! Compose service, a Kubernetes headless Service: `engine-0.engines.default.svc:8000`).
+//! A name is resolved when the config is loaded (at start and on every reload); a name with
+//! several addresses gives its lowest IPv4 address (else its lowest address), so the choice
+//! does not depend on the resolver's order: one instance is one engine, list each pod's own
+//! name to spread over several. The reloader re-resolves names every [`RERESOLVE_EVERY`] and
+//! reloads when the running address is no longer among a name's addresses (a restarted
+//! pod's new IP).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+/// How often the reloader re-resolves the names of a running config.
+pub const RERESOLVE_EVERY: Duration = Duration::from_secs(10);
+
+/// Whether `addr` names a host (not an `ip:port`).
+pub fn is_name(addr: &str) -> bool {
+    addr.parse::<SocketAddr>().is_err()
+}
+
+/// Checks the form of an address without resolving it: `ip:port`, `[v6]:port`, or
+/// `host:port` with a DNS name (letters, digits, `-`, `.`) and a port.
+pub fn check(addr: &str) -> Result<(), String> {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let bad = || {
+        format!(
+            "invalid socket address {addr:?} (expected ip:port or host:port, e.g. 10.0.0.5:8000 or engine-0.engines:8000)"
+        )
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    let valid_host = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+        // all-digit dotted strings are malformed IPs, not names
+        && !host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && valid_host => Ok(()),
+        _ => Err(bad()),
+    }
+}
+
+/// The socket address of `addr`: parsed, or looked up (blocking) when it is a name.
+pub fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    check(addr)?;
+    let all: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
+        .collect();
+    pick(&all).ok_or_else(|| format!("cannot resolve {addr:?}: no address"))
+}
+
+/// The address a name stands for among all of its addresses: the lowest IPv4 one, else the
+/// lowest.
+fn pick(all: &[SocketAddr]) -> Option<SocketAddr> {
+    all.iter()
+        .filter(|a| a.is_ipv4())
+        .min()
+        .or_else(|| all.iter().min())
+        .copied()
+}
+
+/// Every address of `addr` now, without blocking the runtime's thread.
+pub async fn resolve_all(addr: &str) -> Result<Vec<SocketAddr>, String> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(vec![a]);
+    }
+    check(addr)?;
+    Ok(tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms() {
+        for ok in [
+            "10.0.0.5:8000",
+            "[::1]:8000",
+            "engine-0.engines.default.svc.cluster.local:8000",
+            "localhost:1",
+            "e1:80",
+        ] {
+            assert!(check(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "localhost",
+            "x",
+            "host:0",
+            "host:99999",
+            ":80",
+            "-a:80",
+            "a_b:80",
+            "300.1.1.1:80",
+            "a..b:80",
+            "http://a:80",
+        ] {
+            let e = check(bad).unwrap_err();
+            assert!(e.starts_with("invalid socket address"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn resolves_ips_and_names() {
+        assert_eq!(
+            resolve("127.0.0.1:9").unwrap(),
+            "127.0.0.1:9".parse().unwrap()
+        );
+        assert_eq!(resolve("localhost:9").unwrap().port(), 9);
+        assert!(is_name("localhost:9") && !is_name("127.0.0.1:9"));
+        assert!(resolve("no-such-host.invalid:80")
+            .unwrap_err()
+            .starts_with("cannot resolve"));
+    }
+
+    #[test]
+    fn a_name_with_several_addresses_stands_for_its_lowest_ipv4() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let all = [a("[::1]:80"), a("10.0.0.9:80"), a("10.0.0.2:80")];
+        assert_eq!(pick(&all), Some(a("10.0.0.2:80")));
+        assert_eq!(pick(&all[..1]), Some(a("[::1]:80")));
+        assert_eq!(pick(&[]), None);
+    }
+}

@@ -1,0 +1,423 @@
+//! The live status page on the admin listener.
+//!
+//! - `GET /` serves [`assets/index.html`](assets/index.html); `GET /assets/status.css` and
+//!   `/assets/status.js` its style and script (static, embedded in the binary: no build
+//!   step, no CDN, works air-gapped). The script polls `GET /admin/status` every 2 s.
+//! - `GET /admin/status` ([`status_json`]): the fleet (every instance with health, in-flight
+//!   requests and tokens, prefill / decode phase counts, completed / errors), per service the
+//!   scheduler, prefix index and hit ratios (ceiling, predicted, engine), routes, the routing
+//!   reasons and decision-service calls, the config reload state, the most recent finished
+//!   requests and the sampled history (requests, TTFT, tokens, in-flight and per-service
+//!   prefix counters every 5 s for 15 minutes, from [`recent::Board`]).
+//!
+//! With `admin_token` set, `/` and `/admin/status` need it like every admin path: open
+//! `/?token=TOKEN` once; the gateway answers with a redirect to `/` that sets an `HttpOnly`,
+//! `SameSite=Strict` cookie holding the token, which the page's requests then carry (the
+//! token leaves the address bar at once). `Authorization: Bearer` works too.
+//!
+//! [`run`] is the sampler: a background loop that closes an interval every
+//! [`recent::SAMPLE_EVERY`].
+
+pub mod recent;
+
+use crate::clock::{now_ms, sleep_or_stop};
+use crate::shared::Shared;
+use prometheus::core::Collector;
+use recent::{Point, PrefixCounters, SAMPLE_EVERY};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const INDEX_HTML: &str = include_str!("assets/index.html");
+const STATUS_CSS: &str = include_str!("assets/status.css");
+const STATUS_JS: &str = include_str!("assets/status.js");
+
+/// The page loads nothing but its own assets and its JSON (no inline script, no other
+/// origin, not framed).
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// Name of the cookie that carries the admin token for the page.
+pub const COOKIE: &str = "tokengate_admin";
+
+/// A static asset of the page by path, with its content type (no auth: code, no data).
+pub fn asset(path: &str) -> Option<(&'static str, &'static str)> {
+    match path {
+        "/assets/status.css" => Some(("text/css; charset=utf-8", STATUS_CSS)),
+        "/assets/status.js" => Some(("text/javascript; charset=utf-8", STATUS_JS)),
+        _ => None,
+    }
+}
+
+/// The page itself.
+pub fn index_html() -> &'static str {
+    INDEX_HTML
+}
+
+/// The page shown instead of the status page when the admin token is missing or wrong.
+pub fn login_html() -> String {
+    let body = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>tokengate · admin token needed</title>\
+<link rel=\"stylesheet\" href=\"assets/status.css\"></head><body class=\"login\"><main>\
+<h1>tokengate</h1><p>This admin listener needs its <code>admin_token</code>.</p>\
+<p>Open <code>/?token=&lt;admin_token&gt;</code> once: the page then keeps the token in a cookie \
+(HttpOnly, SameSite=Strict) and removes it from the address bar.</p></main></body></html>";
+    body.to_string()
+}
+
+/// Decodes `%XX` escapes and `+` (a query parameter or a cookie value).
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Percent-encodes everything but unreserved characters (a cookie value).
+fn percent_encode(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len());
+    for &c in b {
+        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'~') {
+            s.push(c as char);
+        } else {
+            s.push_str(&format!("%{c:02X}"));
+        }
+    }
+    s
+}
+
+/// The decoded value of `name` in a query string.
+pub fn query_param(query: Option<&str>, name: &str) -> Option<Vec<u8>> {
+    query?
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| percent_decode(v))
+}
+
+/// The admin token carried by the page's cookie, decoded.
+pub fn cookie_token(headers: &http::HeaderMap) -> Option<Vec<u8>> {
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| percent_decode(v))
+}
+
+/// `Set-Cookie` value that stores the admin token for the page.
+pub fn set_cookie(token: &[u8]) -> String {
+    format!(
+        "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
+        percent_encode(token)
+    )
+}
+
+fn ratio(num: u64, den: u64) -> Option<f64> {
+    (den > 0).then(|| num as f64 / den as f64)
+}
+
+/// Every (labels, value) of a counter (or gauge) family.
+fn rows(c: &dyn Collector) -> Vec<(BTreeMap<String, String>, f64)> {
+    let mut out = Vec::new();
+    for mf in c.collect() {
+        for m in mf.get_metric() {
+            let labels = m
+                .get_label()
+                .iter()
+                .map(|l| (l.name().to_string(), l.value().to_string()))
+                .collect();
+            let v = if m.get_counter().is_some() {
+                m.get_counter().value()
+            } else {
+                m.get_gauge().value()
+            };
+            out.push((labels, v));
+        }
+    }
+    out
+}
+
+/// Per service, the cumulative [`PrefixCounters`].
+fn prefix_counters(shared: &Shared) -> Vec<(String, PrefixCounters)> {
+    let m = &shared.metrics;
+    let rt = shared.runtime.load();
+    rt.ordered
+        .iter()
+        .map(|s| {
+            let svc = s.name.as_str();
+            let p = |k| m.prefix_tokens.with_label_values(&[svc, k]).get();
+            let e = |k| m.engine_tokens.with_label_values(&[svc, k]).get();
+            (
+                s.name.clone(),
+                [
+                    p("prompt"),
+                    p("ceiling"),
+                    p("predicted"),
+                    e("prompt"),
+                    e("cached"),
+                ],
+            )
+        })
+        .collect()
+}
+
+/// Sum of a token kind over every service.
+fn tokens_total(shared: &Shared, kind: &str) -> u64 {
+    let rt = shared.runtime.load();
+    rt.ordered
+        .iter()
+        .map(|s| {
+            shared
+                .metrics
+                .tokens
+                .with_label_values(&[s.name.as_str(), kind])
+                .get()
+        })
+        .sum()
+}
+
+/// The sampler: every [`SAMPLE_EVERY`], closes the interval of [`recent::Board`] into a
+/// history point. A first point is taken at once, so the charts have a start.
+pub async fn run(shared: Arc<Shared>, mut stop: pingora::server::ShutdownWatch) {
+    let mut prev_tokens = (0, 0);
+    loop {
+        let mut iv = shared.status.take_interval();
+        let [t50, t95] = iv.ttft_ms.quantiles([0.5, 0.95]);
+        let [d50, d95] = iv.duration_ms.quantiles([0.5, 0.95]);
+        let tokens = (
+            tokens_total(&shared, "prompt"),
+            tokens_total(&shared, "completion"),
+        );
+        let (mut inflight, mut waiting) = (0, 0);
+        for s in &shared.runtime.load().ordered {
+            for i in &s.instances {
+                let l = i.load.snapshot();
+                inflight += l.inflight_requests;
+                waiting += l.waiting;
+            }
+        }
+        shared.status.push_point(Point {
+            t: now_ms(),
+            requests: iv.requests,
+            ok: iv.ok,
+            client_errors: iv.client_errors,
+            server_errors: iv.server_errors,
+            ttft_p50_ms: t50,
+            ttft_p95_ms: t95,
+            duration_p50_ms: d50,
+            duration_p95_ms: d95,
+            prompt_tokens: tokens.0.saturating_sub(prev_tokens.0),
+            completion_tokens: tokens.1.saturating_sub(prev_tokens.1),
+            inflight,
+            waiting,
+            prefix: prefix_counters(&shared),
+        });
+        prev_tokens = tokens;
+        if !sleep_or_stop(SAMPLE_EVERY, &mut stop).await {
+            return;
+        }
+    }
+}
+
+/// The JSON behind the page (`GET /admin/status`); see the module docs.
+pub fn status_json(shared: &Shared) -> Value {
+    let rt = shared.runtime.load();
+    let m = &shared.metrics;
+    let now = now_ms();
+    let table = rt.instances_json();
+    let instances = table["instances"].as_array().cloned().unwrap_or_default();
+    let schedulers = table["schedulers"].as_array().cloned().unwrap_or_default();
+    let indexes = table["prefix_indexes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let counters = prefix_counters(shared);
+    let services: Vec<Value> = rt
+        .ordered
+        .iter()
+        .map(|s| {
+            let c = counters
+                .iter()
+                .find(|(n, _)| *n == s.name)
+                .map_or([0; 5], |(_, c)| *c);
+            let available = s
+                .instances
+                .iter()
+                .filter(|i| i.health.available(now))
+                .count();
+            let tok = |k| m.tokens.with_label_values(&[s.name.as_str(), k]).get();
+            let sched = schedulers.iter().find(|x| x["name"] == s.name.as_str());
+            let index = indexes.iter().find(|x| x["service"] == s.name.as_str());
+            json!({
+                "name": s.name,
+                "instances": s.instances.len(),
+                "available": available,
+                "mode": sched.map(|x| x["mode"].clone()),
+                "pipeline": sched.map(|x| x["pipeline"].clone()),
+                // null when the scheduler binds no sessions
+                "sessions": s.sched.sessions.as_ref().map(|t| t.gauges().entries),
+                "index": index,
+                "hit_ratio": {
+                    "ceiling": ratio(c[1], c[0]),
+                    "predicted": ratio(c[2], c[0]),
+                    "engine": ratio(c[4], c[3]),
+                },
+                "tokens": {"prompt": tok("prompt"), "completion": tok("completion"), "cached": tok("cached")},
+            })
+        })
+        .collect();
+    let routes: Vec<Value> = rt
+        .ordered_routes
+        .iter()
+        .map(|r| {
+            let targets: Vec<&str> = r.targets.iter().map(|t| t.name.as_str()).collect();
+            let sessions = rt
+                .schedulers()
+                .into_iter()
+                .find(|(n, _)| *n == r.name)
+                .and_then(|(_, s)| s.sessions.as_ref().map(|t| t.gauges().entries));
+            json!({"name": r.name, "mode": r.mode_name(), "targets": targets, "sessions": sessions})
+        })
+        .collect();
+    let mut reasons: Vec<(String, f64)> = rows(&m.decisions)
+        .into_iter()
+        .map(|(l, v)| (l.get("reason").cloned().unwrap_or_default(), v))
+        .collect();
+    reasons.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    // Mean latency of the decision service per route (the histogram's sum / count).
+    let mut latency: BTreeMap<String, f64> = BTreeMap::new();
+    for mf in m.decision_latency.collect() {
+        for x in mf.get_metric() {
+            let h = x.get_histogram();
+            if let (Some(r), true) = (x.get_label().first(), h.sample_count() > 0) {
+                latency.insert(
+                    r.value().to_string(),
+                    h.sample_sum() * 1e3 / h.sample_count() as f64,
+                );
+            }
+        }
+    }
+    let decision_calls: Vec<Value> = rows(&m.decision_total)
+        .into_iter()
+        .map(|(l, v)| {
+            let route = l.get("route").cloned().unwrap_or_default();
+            json!({"route": route, "outcome": l.get("outcome"), "count": v,
+                "mean_latency_ms": latency.get(&route)})
+        })
+        .collect();
+    let (mut requests, mut server_errors, mut client_errors) = (0.0, 0.0, 0.0);
+    for (l, v) in rows(&m.requests) {
+        let code: u16 = l.get("code").and_then(|c| c.parse().ok()).unwrap_or(0);
+        if l.get("model").is_some_and(|x| x == "-") && code < 400 {
+            continue; // local endpoints
+        }
+        requests += v;
+        match code {
+            400..=499 => client_errors += v,
+            200..=399 => {}
+            _ => server_errors += v,
+        }
+    }
+    let recent: Vec<Value> = shared
+        .status
+        .recent()
+        .into_iter()
+        .map(|s| {
+            json!({
+                "at_ms": s.at_ms,
+                "request_id": s.request_id,
+                "model": s.model,
+                "instance": s.instance,
+                "status": s.status,
+                "reason": s.reason,
+                "stream": s.stream,
+                "ttft_ms": s.ttft_ms,
+                "duration_ms": s.duration_ms,
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+                "cached_tokens": s.cached_tokens,
+            })
+        })
+        .collect();
+    let reload = json!({
+        "ok": m.reloads.with_label_values(&["ok"]).get(),
+        "errors": m.reloads.with_label_values(&["error"]).get(),
+        "last_ok": m.reload_ok.get() == 1,
+        "last": shared.status.last_reload(),
+        "generation": *shared.generation.borrow(),
+    });
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "now_ms": now,
+        "uptime_ms": now.saturating_sub(shared.status.started_ms),
+        "interval_ms": SAMPLE_EVERY.as_millis() as u64,
+        "totals": {
+            "requests": requests,
+            "client_errors": client_errors,
+            "server_errors": server_errors,
+            "prompt_tokens": tokens_total(shared, "prompt"),
+            "completion_tokens": tokens_total(shared, "completion"),
+            "cached_tokens": tokens_total(shared, "cached"),
+        },
+        "instances": instances,
+        "services": services,
+        "routes": routes,
+        "reasons": reasons.into_iter().map(|(r, v)| json!({"reason": r, "count": v})).collect::<Vec<_>>(),
+        "decision_calls": decision_calls,
+        "reload": reload,
+        "recent": recent,
+        "history": shared.status.history(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_and_cookie_tokens_are_decoded() {
+        assert_eq!(
+            query_param(Some("a=1&token=s%20e+c%3Br"), "token").as_deref(),
+            Some(&b"s e c;r"[..])
+        );
+        assert_eq!(query_param(Some("tokenx=1"), "token"), None);
+        assert_eq!(query_param(None, "token"), None);
+        let c = set_cookie(b"p@ss;w rd");
+        assert!(c.starts_with("tokengate_admin=p%40ss%3Bw%20rd;"), "{c}");
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::header::COOKIE,
+            http::HeaderValue::from_static("x=1; tokengate_admin=p%40ss%3Bw%20rd"),
+        );
+        assert_eq!(cookie_token(&h).as_deref(), Some(&b"p@ss;w rd"[..]));
+        assert_eq!(percent_decode("%zz%4"), b"%zz%4");
+    }
+}
