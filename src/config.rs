@@ -702,6 +702,13 @@ pub struct ServiceConfig {
     /// absent = integrated engines.
     #[serde(default)]
     pub pd: Option<PdSettings>,
+    /// The engines' API key (their `--api-key`), sent as `Authorization: Bearer` to every
+    /// instance without its own.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// TLS towards the instances addressed by `https://` URLs.
+    #[serde(default)]
+    pub tls: Option<TlsSettings>,
     pub instances: Vec<InstanceConfig>,
 }
 
@@ -787,7 +794,43 @@ pub struct InstanceConfig {
     /// decode instance as `bootstrap_port` (`pd.mode: sglang-mooncake`).
     #[serde(default)]
     pub bootstrap_port: Option<u16>,
+    /// The engine's API key (its `--api-key`), sent as `Authorization: Bearer`; overrides
+    /// the service's.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
 }
+
+/// A credential from the config: never printed (its `Debug` is `***`), never in errors,
+/// logs, metrics or `/admin`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+impl Secret {
+    /// Usable as a Bearer token (the error never shows the key).
+    pub fn check(&self) -> Result<(), String> {
+        if self.0.is_empty() || self.0.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err("must be non-empty, without whitespace or control characters".into());
+        }
+        Ok(())
+    }
+
+    /// `Bearer <key>` as a header value marked sensitive (HTTP/2 never indexes it, `Debug`
+    /// hides it).
+    pub fn bearer(&self) -> Option<http::HeaderValue> {
+        let mut v = http::HeaderValue::from_str(&format!("Bearer {}", self.0)).ok()?;
+        v.set_sensitive(true);
+        Some(v)
+    }
+}
+
+pub use crate::tls::TlsSettings;
 
 /// An instance's part in a prefill/decode-disaggregated service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -992,8 +1035,13 @@ impl Config {
                         inst.id
                     ));
                 }
-                if let Err(e) = crate::resolve::check(&inst.addr) {
+                if let Err(e) = crate::resolve::target(&inst.addr) {
                     errs.push(format!("{p}.addr: {e}"));
+                }
+                if let Some(k) = &inst.api_key {
+                    if let Err(e) = k.check() {
+                        errs.push(format!("{p}.api_key: {e}"));
+                    }
                 }
             }
         }
@@ -1028,6 +1076,16 @@ impl Config {
                 }
             }
             validate_pd(si, s, &mut errs);
+            if let Some(k) = &s.api_key {
+                if let Err(e) = k.check() {
+                    errs.push(format!("services[{si}].api_key: {e}"));
+                }
+            }
+            if let Some(t) = &s.tls {
+                if let Err(e) = crate::tls::check(t) {
+                    errs.push(format!("services[{si}].tls.{e}"));
+                }
+            }
             if let Some(em) = &s.engine_metrics {
                 if em.interval.is_zero() || em.timeout.is_zero() {
                     errs.push(format!(

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod fleet;
+pub(crate) mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -188,7 +189,12 @@ pub(crate) struct Mock {
 
 impl Mock {
     pub(crate) async fn start() -> Mock {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Mock::start_on("127.0.0.1:0").await
+    }
+
+    /// A mock on `addr` (e.g. another loopback address, `127.0.0.2:0`).
+    pub(crate) async fn start_on(addr: &str) -> Mock {
+        let l = TcpListener::bind(addr).await.unwrap();
         let m = Mock {
             addr: l.local_addr().unwrap(),
             gate: Arc::new(Notify::new()),
