@@ -270,6 +270,7 @@ async fn a_stalled_mirror_changes_nothing_for_clients() {
     // A client that waited on the mirror would wait its timeout (or for a free queue slot,
     // which takes as long): nobody did.
     let slowest = results.iter().map(|(_, d)| *d).max().unwrap();
+    eprintln!("slowest of {n} requests with a stalled mirror: {slowest:?}");
     assert!(
         slowest < Duration::from_millis(timeout_ms),
         "slowest request {slowest:?}"
@@ -374,6 +375,47 @@ async fn reload_applies_a_new_ratio_and_target() {
     blast(&gw, 20, 4).await;
     assert_eq!(mirror_ended(&gw.metrics().await), 30);
     assert_eq!(b.requests.load(Ordering::SeqCst), 10);
+    gw.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_in_flight_across_a_reload_keep_their_settings() {
+    let _serial = SERIAL.lock().await;
+    let primary = Mock::start().await;
+    let (stall, accepted) = stalled_target().await;
+    let fresh = Mock::start().await;
+    let gw = GatewayProc::start(&config(
+        primary.addr,
+        &format!("  target: \"http://{stall}\"\n  ratio: 100\n  timeout_ms: 1500\n"),
+    ));
+    let head = std::fs::read_to_string(gw.config_path())
+        .unwrap()
+        .split("mirror:")
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(blast(&gw, 5, 5).await.iter().all(|(s, _)| *s == 200));
+    eventually("5 copies held by the stalled target", || async {
+        accepted.load(Ordering::SeqCst) == 5
+    })
+    .await;
+    // The new target takes the next copies at once; the 5 in flight still end by the old
+    // settings (their timeout at the stalled target), not by the reload.
+    reload(
+        &gw,
+        1,
+        &format!(
+            "{head}mirror:\n  target: \"http://{}\"\n  ratio: 100\n  timeout_ms: 60000\n",
+            fresh.addr
+        ),
+    )
+    .await;
+    blast(&gw, 5, 5).await;
+    let m = wait_mirror_settled(&gw, 10).await;
+    assert_eq!(mirror_count(&m, "timeout"), 5, "{m}");
+    assert_eq!(mirror_count(&m, "ok"), 5, "{m}");
+    assert_eq!(fresh.requests.load(Ordering::SeqCst), 5);
+    assert_eq!(accepted.load(Ordering::SeqCst), 5);
     gw.wait_idle().await;
 }
 
