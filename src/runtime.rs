@@ -341,6 +341,8 @@ pub struct Runtime {
     /// Global scheduling: this gateway's name (the hop header) and the member gateways.
     pub hop_name: http::HeaderValue,
     pub members: Vec<Member>,
+    /// Traffic mirroring (`mirror:`), when configured.
+    pub mirror: Option<Arc<crate::mirror::Settings>>,
 }
 
 /// Another region's gateway (`global.members[]`).
@@ -694,6 +696,22 @@ impl Runtime {
         if !errs.is_empty() {
             return Err(ConfigErrors(errs));
         }
+        let mirror = match cfg.mirror.as_ref().map(crate::mirror::Settings::new) {
+            None => None,
+            Some(Ok(s)) => Some(Arc::new(s)),
+            Some(Err(e)) => return Err(ConfigErrors(vec![format!("mirror.{e}")])),
+        };
+        if let Some(p) = prev {
+            let was = p.mirror.as_ref().map(|m| m.describe());
+            let now = mirror.as_ref().map(|m| m.describe());
+            if was != now {
+                info!(
+                    "mirror: {}",
+                    now.as_deref()
+                        .unwrap_or("off (copies in flight finish or time out)")
+                );
+            }
+        }
         let engine_metrics = cfg
             .services
             .iter()
@@ -725,6 +743,7 @@ impl Runtime {
             hop_name: http::HeaderValue::from_str(&cfg.global.name)
                 .unwrap_or_else(|_| http::HeaderValue::from_static("tokengate")),
             members,
+            mirror,
         })
     }
 
