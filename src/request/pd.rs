@@ -260,24 +260,49 @@ pub async fn settle_after_decode_error(ctx: &Ctx, status: u16) {
     }
 }
 
-/// Asks an SGLang engine to abort request `rid` (fire and forget).
+/// Asks an SGLang engine to abort request `rid` (fire and forget). The other side of a pair
+/// may not have reached its engine yet when the abort is sent (both are sent at once): an
+/// abort of an unknown id does nothing, and that request would then wait out its KV timeout.
+/// So the abort is repeated a few times over about 1.5 s, unless the engine says it aborted
+/// something (engine-sim answers `{"aborted": n}`; SGLang's answer carries no count, so
+/// every try is sent: harmless, the id is unique to this attempt).
 fn abort(http: &reqwest::Client, inst: &Arc<Instance>, rid: &str) {
     let http = http.clone();
     let rid = rid.to_string();
-    let req = inst
-        .request(&http, reqwest::Method::POST, "/abort_request")
-        .timeout(ABORT_TIMEOUT)
-        .json(&json!({ "rid": rid }));
-    let addr = inst.addr;
+    let inst = inst.clone();
     tokio::spawn(async move {
-        let r = req.send().await;
-        match r {
-            Ok(r) if r.status().is_success() => debug!("aborted request {rid} on {addr}"),
-            Ok(r) => debug!("abort of request {rid} on {addr}: {}", r.status()),
-            Err(e) => debug!("abort of request {rid} on {addr} failed: {e}"),
+        let addr = inst.addr;
+        for (i, wait_ms) in ABORT_RETRY_MS.iter().enumerate() {
+            if *wait_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(*wait_ms)).await;
+            }
+            let r = inst
+                .request(&http, reqwest::Method::POST, "/abort_request")
+                .timeout(ABORT_TIMEOUT)
+                .json(&json!({ "rid": rid }))
+                .send()
+                .await;
+            match r {
+                Ok(r) if r.status().is_success() => {
+                    let n = r
+                        .json::<Value>()
+                        .await
+                        .ok()
+                        .and_then(|v| v.get("aborted").and_then(Value::as_u64));
+                    debug!("abort {i} of request {rid} on {addr}: {n:?} aborted");
+                    if n.is_some_and(|n| n > 0) {
+                        return;
+                    }
+                }
+                Ok(r) => debug!("abort of request {rid} on {addr}: {}", r.status()),
+                Err(e) => debug!("abort of request {rid} on {addr} failed: {e}"),
+            }
         }
     });
 }
+
+/// Pauses before each try of an abort (see [`abort`]).
+const ABORT_RETRY_MS: [u64; 5] = [0, 100, 200, 400, 800];
 
 /// Dispatches the prefill side of the current attempt (the decode is the main leg, sent by
 /// Pingora afterwards): sets the decode's body in `ctx.body` and `ctx.pd`. `Err` when a
