@@ -212,6 +212,9 @@ impl ServeHttp for Admin {
                     view["queued"] = self.shared.mirror.queued().into();
                     v["mirror"] = view;
                 }
+                if let Some(sp) = rt.split.as_ref() {
+                    v["split"] = sp.view(crate::clock::now_ms());
+                }
                 let body = serde_json::to_vec_pretty(&v).unwrap_or_default();
                 resp(200, "application/json", body)
             }

@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`tls`], [`transport`], [`resolve`], [`upstream`], [`config`], [`decision`], [`mirror`] |
+//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`tls`], [`transport`], [`resolve`], [`upstream`], [`config`], [`decision`], [`mirror`], [`split`] |
 //! | state | [`pipelines`] (config → pipelines), [`runtime`] (services, routes, instances), [`shared`] |
 //! | one request | [`request`] (admit → plan → dispatch → complete), [`bigbody`], [`proxy`] (Pingora hooks) |
 //! | around requests | [`background`] (health checks, maintenance), [`reload`], [`status`] (the live status page; [`status::recent`] is a leaf the request path writes to), [`admin`] |
@@ -37,6 +37,7 @@ pub mod resolve;
 pub mod runtime;
 pub mod server;
 pub mod shared;
+pub mod split;
 pub mod status;
 pub mod throttle;
 pub mod tls;

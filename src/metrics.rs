@@ -38,6 +38,7 @@ pub struct Metrics {
     pub slot_limit: IntGaugeVec,
     /// Requests sent to another region's gateway, by member and outcome.
     pub global_requests: IntCounterVec,
+    pub split_requests: IntCounterVec,
     /// Prefill legs of disaggregated services, by prefill instance and outcome.
     pub pd_prefill: IntCounterVec,
     /// Per service: estimated prompt tokens, the best match over all instances (ceiling) and
@@ -216,6 +217,14 @@ impl Metrics {
             &["member", "outcome"],
         )
         .expect("metric");
+        let split_requests = IntCounterVec::new(
+            Opts::new(
+                "tokengate_split_requests_total",
+                "Split proxy (split.proxies): attempts per entry (`local` for our own services) and outcome: ok, refused (5xx/429 before any byte: the request fails over), error (connect error, timeout, reset; or failed after bytes reached the client), cancelled (the client left)",
+            ),
+            &["entry", "outcome"],
+        )
+        .expect("metric");
         let decisions = IntCounterVec::new(
             Opts::new(
                 "tokengate_routing_decisions_total",
@@ -374,6 +383,7 @@ impl Metrics {
             Box::new(slots_in_use.clone()),
             Box::new(slot_limit.clone()),
             Box::new(global_requests.clone()),
+            Box::new(split_requests.clone()),
             Box::new(pd_prefill.clone()),
             Box::new(prefix_tokens.clone()),
             Box::new(engine_tokens.clone()),
@@ -415,6 +425,7 @@ impl Metrics {
             slots_in_use,
             slot_limit,
             global_requests,
+            split_requests,
             pd_prefill,
             prefix_tokens,
             engine_tokens,

@@ -54,8 +54,17 @@ impl Gateway {
         // this region cannot take may go to another region's gateway.
         let legs = match slot::take(&self.shared, slot::Asker::Client(session), &plan, &[]).await? {
             Ok(legs) => legs,
-            Err(d) => match d.overflow.then(|| global::leg(&plan, &[])).flatten() {
-                Some(leg) if !ctx.hop => vec![leg],
+            // ... or, with the split proxy's local entry set to fail over, to an external API.
+            Err(d) => match (d.overflow && !matches!(plan.dest, crate::runtime::Dest::Split(_)))
+                .then(|| {
+                    (!ctx.hop)
+                        .then(|| global::leg(&plan, &[]))
+                        .flatten()
+                        .or_else(|| request::split::from_local(&plan))
+                })
+                .flatten()
+            {
+                Some(leg) => vec![leg],
                 _ => {
                     return request::reject_after(session, ctx, d.status, d.error, d.retry_after)
                         .await;

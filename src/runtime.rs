@@ -292,6 +292,8 @@ fn learned_step(c: &CostModel, k: InstanceKey) -> Option<f64> {
 pub enum Dest {
     Service(Arc<Service>),
     Route(Arc<Route>),
+    /// An external entry of the split proxy ([`crate::split`]).
+    Split(Arc<crate::split::Entry>),
 }
 
 impl Dest {
@@ -299,14 +301,17 @@ impl Dest {
         match self {
             Dest::Service(s) => &s.name,
             Dest::Route(r) => &r.name,
+            Dest::Split(e) => &e.name,
         }
     }
 
-    /// Whether an available instance not in `exclude` is left anywhere in the destination.
+    /// Whether an available instance not in `exclude` is left anywhere in the destination
+    /// (an external entry has none: its failover goes to other entries).
     pub fn has_untried(&self, exclude: &[InstanceKey]) -> bool {
         match self {
             Dest::Service(s) => s.has_untried(exclude),
             Dest::Route(r) => r.targets.iter().any(|s| s.has_untried(exclude)),
+            Dest::Split(_) => false,
         }
     }
 }
@@ -343,6 +348,8 @@ pub struct Runtime {
     pub members: Vec<Member>,
     /// Traffic mirroring (`mirror:`), when configured.
     pub mirror: Option<Arc<crate::mirror::Settings>>,
+    /// Split proxy (`split:`), when configured.
+    pub split: Option<Arc<crate::split::Split>>,
 }
 
 /// Another region's gateway (`global.members[]`).
@@ -681,7 +688,7 @@ impl Runtime {
             let prev_eps = prev
                 .into_iter()
                 .flat_map(|p| p.members.iter().map(|m| m.endpoint.clone()));
-            match crate::upstream::carried(prev_eps, &m.name, &m.url) {
+            match crate::upstream::carried(prev_eps, &m.name, &m.url, None) {
                 Ok(endpoint) => {
                     let auth = m.token.as_ref().and_then(|t| {
                         let mut v = http::HeaderValue::from_str(&format!("Bearer {t}")).ok()?;
@@ -696,6 +703,15 @@ impl Runtime {
         if !errs.is_empty() {
             return Err(ConfigErrors(errs));
         }
+        let split = match cfg
+            .split
+            .as_ref()
+            .map(|sp| crate::split::Split::build(sp, prev.and_then(|p| p.split.as_deref())))
+        {
+            None => None,
+            Some(Ok(s)) => Some(Arc::new(s)),
+            Some(Err(e)) => return Err(ConfigErrors(e)),
+        };
         let mirror = match cfg.mirror.as_ref().map(crate::mirror::Settings::new) {
             None => None,
             Some(Ok(s)) => Some(Arc::new(s)),
@@ -744,6 +760,7 @@ impl Runtime {
                 .unwrap_or_else(|_| http::HeaderValue::from_static("tokengate")),
             members,
             mirror,
+            split,
         })
     }
 

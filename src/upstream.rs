@@ -23,6 +23,10 @@ pub struct Endpoint {
     pub port: u16,
     /// The URL's path without a trailing `/` (`/v1` for an OpenAI-style base URL, or empty).
     pub base_path: String,
+    /// `https://`: SNI, verification and the CA of the Pingora peer.
+    pub tls_peer: Option<crate::tls::TlsPeer>,
+    /// The `tls:` settings the peer was built from (a reload that changes them builds anew).
+    pub tls_settings: Option<crate::tls::TlsSettings>,
     addrs: RwLock<Vec<SocketAddr>>,
     turn: AtomicUsize,
     /// Active checks (and resolution failures) mark it down.
@@ -90,10 +94,26 @@ impl Endpoint {
     /// An endpoint for `url`, resolved now (a name that does not resolve yet leaves it with
     /// no address: unavailable until a later resolution succeeds).
     pub fn new(name: &str, url: &str) -> Result<Endpoint, String> {
+        Endpoint::with_tls(name, url, None)
+    }
+
+    /// [`Endpoint::new`] with `tls:` settings for an `https://` URL (the CA file is read here).
+    pub fn with_tls(
+        name: &str,
+        url: &str,
+        tls: Option<&crate::tls::TlsSettings>,
+    ) -> Result<Endpoint, String> {
         let u = parse_url(url)?;
         let id_header = http::HeaderValue::from_str(name)
             .map_err(|_| format!("{name:?} cannot be a header value"))?;
+        let tls_peer = if u.tls {
+            Some(crate::tls::TlsPeer::new(&u.host, tls)?)
+        } else {
+            None
+        };
         let e = Endpoint {
+            tls_peer,
+            tls_settings: tls.cloned(),
             name: name.to_string(),
             id_header,
             tls: u.tls,
@@ -149,6 +169,7 @@ pub fn carried(
     prev: impl IntoIterator<Item = Arc<Endpoint>>,
     name: &str,
     url: &str,
+    tls: Option<&crate::tls::TlsSettings>,
 ) -> Result<Arc<Endpoint>, String> {
     let u = parse_url(url)?;
     for e in prev {
@@ -157,11 +178,33 @@ pub fn carried(
             && e.host == u.host
             && e.port == u.port
             && e.base_path == u.path
+            && e.tls_settings.as_ref() == tls
         {
             return Ok(e);
         }
     }
-    Endpoint::new(name, url).map(Arc::new)
+    Endpoint::with_tls(name, url, tls).map(Arc::new)
+}
+
+impl Endpoint {
+    /// A Pingora peer to `addr` (TLS with the endpoint's settings for `https://`).
+    pub fn peer(&self, addr: SocketAddr) -> pingora::upstreams::peer::HttpPeer {
+        match &self.tls_peer {
+            Some(t) => t.peer(addr),
+            None => pingora::upstreams::peer::HttpPeer::new(addr, false, self.host.clone()),
+        }
+    }
+
+    /// The `Host` header: `host[:port]` (the port when not the scheme's default).
+    pub fn host_header(&self) -> String {
+        let default_port = if self.tls { 443 } else { 80 };
+        match (self.port == default_port, self.host.contains(':')) {
+            (true, false) => self.host.clone(),
+            (true, true) => format!("[{}]", self.host),
+            (false, false) => format!("{}:{}", self.host, self.port),
+            (false, true) => format!("[{}]:{}", self.host, self.port),
+        }
+    }
 }
 
 #[cfg(test)]

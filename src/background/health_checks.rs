@@ -69,6 +69,19 @@ pub async fn run_checks(shared: Arc<Shared>, mut stop: pingora::server::Shutdown
             });
             futures_util::future::join_all(members).await;
         }
+        // Split-proxy entries: names resolved again (external APIs get no health requests;
+        // their failures fail over per request). A name that stops resolving keeps its last
+        // addresses.
+        if let Some(sp) = rt.split.clone() {
+            let _ = tokio::task::spawn_blocking(move || {
+                for e in sp.entries.iter().filter_map(|e| e.endpoint.as_ref()) {
+                    if let Err(err) = e.resolve() {
+                        log::debug!("split.proxies entry {}: {err}", e.name);
+                    }
+                }
+            })
+            .await;
+        }
         if !sleep_or_stop(hc.interval, &mut stop).await {
             return;
         }

@@ -39,11 +39,14 @@ fn feedback(leg: &LocalLeg, plan: &Plan, done: &Completion, now: u64) {
 }
 
 /// A member gateway's answer, for `tokengate_global_requests_total{member,outcome}`.
+/// (An external entry of the split proxy: `tokengate_split_requests_total{entry,outcome}`.)
 fn count_remote(shared: &Shared, r: &super::RemoteLeg, outcome: &str) {
-    shared
-        .metrics
-        .global_requests
-        .with_label_values(&[r.endpoint.name.as_str(), outcome])
+    let m = if r.entry.is_some() {
+        &shared.metrics.split_requests
+    } else {
+        &shared.metrics.global_requests
+    };
+    m.with_label_values(&[r.endpoint.name.as_str(), outcome])
         .inc();
 }
 
@@ -216,9 +219,13 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 To::Local(l) => l,
                 To::Remote(r) => {
                     if dispatched.is_some() {
+                        let refusal = |s: u16| match r.entry {
+                            Some(_) => super::split::fails_over_on(s),
+                            None => global::REFUSALS.contains(&s),
+                        };
                         let o = match (outcome, ctx.response.upstream_status) {
                             (Outcome::Completed, _) => "ok",
-                            (_, Some(s)) if global::REFUSALS.contains(&s) => "refused",
+                            (_, Some(s)) if refusal(s) => "refused",
                             (Outcome::Cancelled, _) => "cancelled",
                             _ => "error",
                         };
@@ -308,6 +315,15 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     }
     if let Some(s) = served_service.as_ref() {
         model = s.name.as_str();
+        // The split proxy's local entry.
+        if ctx.plan.as_ref().is_some_and(|p| p.runtime.split.is_some()) {
+            let o = match outcome {
+                Outcome::Completed => "ok",
+                Outcome::Cancelled => "cancelled",
+                _ => "error",
+            };
+            m.split_requests.with_label_values(&["local", o]).inc();
+        }
     }
     let instance = served_by.as_deref().unwrap_or("-");
     let code = status.to_string();

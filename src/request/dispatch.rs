@@ -13,7 +13,7 @@
 //!   first SSE event carrying output, or the end of a non-stream body) ends the leg's prefill
 //!   phase and gives the TTFT; the usage is read from the JSON body or the SSE events.
 
-use super::{complete, global, pd, slot, Ctx, LegRole, Plan, To};
+use super::{complete, global, pd, slot, split, Ctx, LegRole, Plan, To};
 use crate::api;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -51,8 +51,11 @@ pub fn can_retry(ctx: &Ctx) -> bool {
 
 /// [`can_retry`] while the plan is out of the context (during dispatch).
 fn can_retry_plan(ctx: &Ctx, p: &Plan) -> bool {
-    if ctx.main_leg().is_some_and(|l| l.remote().is_some()) {
-        return global::has_next(p, &ctx.tried_members);
+    if let Some(r) = ctx.main_leg().and_then(|l| l.remote()) {
+        return match &r.entry {
+            Some(e) => split::has_next(p, e, &ctx.tried_members),
+            None => global::has_next(p, &ctx.tried_members),
+        };
     }
     if ctx.attempts >= MAX_ATTEMPTS {
         return false;
@@ -89,14 +92,28 @@ async fn dispatch_main(
     // status, or reset the connection before answering.
     let retried = ctx.response.retry_status.take();
     ctx.response.answered = false;
-    let mut was_remote = false;
+    // The failed attempt's remote leg: `Some(true)` a split-proxy entry, `Some(false)` a
+    // member gateway.
+    let mut was_remote = None;
     if let Some(l) = ctx.main_leg().filter(|l| l.dispatched.is_some()) {
-        was_remote = l.remote().is_some();
+        was_remote = l.remote().map(|r| r.entry.is_some());
         complete::attempt_failed(shared, ctx, plan, retried);
     }
     loop {
         if ctx.main_leg().is_none() {
-            let legs = if was_remote {
+            let legs = if was_remote == Some(true) {
+                // The next split-proxy entry that takes part in failover.
+                match split::next(plan, &ctx.tried_members) {
+                    Some(l) => vec![l],
+                    None => {
+                        return Err(gw_err(GatewayError::BadGateway(format!(
+                            "no split.proxies entry could take the request ({} tried: {})",
+                            ctx.tried_members.len(),
+                            ctx.tried_members.join(", ")
+                        ))))
+                    }
+                }
+            } else if was_remote == Some(false) {
                 // The next member gateway.
                 match global::leg(plan, &ctx.tried_members) {
                     Some(l) => vec![l],
@@ -216,7 +233,20 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                         e.origin()
                     ))));
                 };
-                peer = Some(HttpPeer::new(addr, e.tls, e.host.clone()));
+                if r.entry.is_some() {
+                    // An external API: its own model name, from the client's body (kept for
+                    // the next entry of a failover).
+                    let base = ctx
+                        .remote_base
+                        .get_or_insert_with(|| ctx.body.clone().unwrap_or_default());
+                    ctx.body = Some(match &r.model {
+                        Some(m) => api::rewrite_model(base, m)
+                            .map(Bytes::from)
+                            .unwrap_or_else(|| base.clone()),
+                        None => base.clone(),
+                    });
+                }
+                peer = Some(e.peer(addr));
             }
         }
     }
@@ -283,9 +313,13 @@ pub async fn retry_on_status(resp: &ResponseHeader, ctx: &mut Ctx) -> Result<()>
             return Err(gw_err(f.gateway_error(&prefill)));
         }
     }
-    let remote = ctx.main_leg().is_some_and(|l| l.remote().is_some());
-    let retryable = if remote {
-        global::REFUSALS.contains(&status)
+    let remote = ctx.main_leg().and_then(|l| l.remote());
+    let retryable = if let Some(r) = remote {
+        if r.entry.is_some() {
+            split::fails_over_on(status)
+        } else {
+            global::REFUSALS.contains(&status)
+        }
     } else {
         ctx.plan
             .as_ref()
@@ -335,7 +369,23 @@ pub fn error_while_proxy(
             ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
         )
         && session.response_written().is_none();
+    // A split-proxy entry that failed before answering (a timeout too) passes the request
+    // to the next entry.
+    let external_failed = !ctx.response.answered
+        && session.response_written().is_none()
+        && ctx
+            .main_leg()
+            .and_then(|l| l.remote())
+            .is_some_and(|r| r.entry.is_some());
     if ctx.response.retry_status.is_some() && e.etype() == &RETRY_STATUS {
+        e.set_retry(true);
+    } else if external_failed && can_retry(ctx) {
+        warn!(
+            "request {}: split.proxies entry {} failed before answering ({e}); failing over",
+            ctx.request_id,
+            ctx.instance_id()
+        );
+        ctx.response.retry_status = None;
         e.set_retry(true);
     } else if reset_before_answer && can_retry(ctx) {
         warn!(
@@ -383,22 +433,47 @@ pub fn upstream_request(up: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
             up.insert_header("host", l.instance.host_header.clone())?;
         }
         if let Some(r) = ctx.main_leg().and_then(|l| l.remote()) {
-            // Another gateway: its own key, the hop mark, its host.
-            up.remove_header("authorization");
-            up.remove_header("x-api-key");
-            if let Some(a) = r.auth.clone() {
-                up.insert_header("authorization", a)?;
-            }
-            up.insert_header(global::HOP_HEADER, plan.runtime.hop_name.clone())?;
             let e = &r.endpoint;
-            let default_port = if e.tls { 443 } else { 80 };
-            let host = match (e.port == default_port, e.host.contains(':')) {
-                (true, false) => e.host.clone(),
-                (true, true) => format!("[{}]", e.host),
-                (false, false) => format!("{}:{}", e.host, e.port),
-                (false, true) => format!("[{}]:{}", e.host, e.port),
-            };
-            up.insert_header("host", host)?;
+            match &r.entry {
+                Some(entry) => {
+                    // An external API: its key replaces the client's (Anthropic requests
+                    // carry it as x-api-key), the client's path after /v1 goes under its
+                    // base URL.
+                    if entry.bearer.is_some() {
+                        up.remove_header("authorization");
+                        up.remove_header("x-api-key");
+                        if matches!(plan.api, api::Api::Messages) {
+                            if let Some(k) = entry.x_api_key.clone() {
+                                up.insert_header("x-api-key", k)?;
+                            }
+                        } else if let Some(a) = entry.bearer.clone() {
+                            up.insert_header("authorization", a)?;
+                        }
+                    }
+                    let path = up.uri.path_and_query().map_or("/", |p| p.as_str());
+                    let rest = path.strip_prefix("/v1").unwrap_or(path);
+                    let uri = format!("{}{rest}", e.base_path);
+                    match uri.parse::<http::Uri>() {
+                        Ok(u) => up.set_uri(u),
+                        Err(err) => {
+                            return Err(Error::explain(
+                                ErrorType::InternalError,
+                                format!("upstream path {uri:?}: {err}"),
+                            ))
+                        }
+                    }
+                }
+                None => {
+                    // Another gateway: its own key, the hop mark.
+                    up.remove_header("authorization");
+                    up.remove_header("x-api-key");
+                    if let Some(a) = r.auth.clone() {
+                        up.insert_header("authorization", a)?;
+                    }
+                    up.insert_header(global::HOP_HEADER, plan.runtime.hop_name.clone())?;
+                }
+            }
+            up.insert_header("host", e.host_header())?;
         }
     }
     Ok(())

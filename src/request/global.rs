@@ -34,6 +34,7 @@ pub fn leg(plan: &Plan, tried: &[String]) -> Option<Leg> {
             endpoint: m.endpoint.clone(),
             auth: m.auth.clone(),
             model: None,
+            entry: None,
         }),
     })
 }

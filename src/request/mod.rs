@@ -19,6 +19,7 @@ pub mod global;
 pub mod pd;
 pub mod plan;
 pub mod slot;
+pub mod split;
 
 use crate::api::{Api, RequestInfo};
 use crate::load::LoadGuard;
@@ -166,6 +167,8 @@ pub struct RemoteLeg {
     pub auth: Option<HeaderValue>,
     /// Replaces the request's `model` (external APIs with `model:` set).
     pub model: Option<String>,
+    /// The split proxy's entry (`None`: a member gateway of global scheduling).
+    pub entry: Option<Arc<crate::split::Entry>>,
 }
 
 impl Leg {
@@ -253,8 +256,10 @@ pub struct Ctx {
     pub pd: Option<pd::Attempt>,
     /// A disaggregated service: the body before the per-attempt fields (kept for retries).
     pub pd_base: Option<Bytes>,
-    /// Member gateways already tried (global scheduling).
+    /// Member gateways (global scheduling) or split-proxy entries already tried.
     pub tried_members: Vec<String>,
+    /// The body before a remote leg's model rewrite (kept for the next failover leg).
+    pub remote_base: Option<Bytes>,
     /// The request came from another region's gateway: it is never forwarded again.
     pub hop: bool,
     /// The reason of the last dispatched main leg (kept for the access log after it ends).
@@ -286,6 +291,7 @@ impl Ctx {
             pd: None,
             pd_base: None,
             tried_members: Vec::new(),
+            remote_base: None,
             hop: false,
             reason: Cow::Borrowed(""),
             response: ResponseState::default(),

@@ -60,7 +60,14 @@ pub async fn plan(
         body,
         info,
     } = a;
-    let Some(dest) = rt.resolve(&info.model) else {
+    // The split proxy first: an external entry takes the request as it is.
+    let external = rt
+        .split
+        .as_ref()
+        .map(|sp| sp.choose(&info.model))
+        .filter(|e| !e.local)
+        .map(|e| Dest::Split(e.clone()));
+    let Some(dest) = external.or_else(|| rt.resolve(&info.model)) else {
         return Err(GatewayError::ModelNotFound(format!(
             "model {:?} is not served here; GET /v1/models lists the models",
             info.model
@@ -124,6 +131,7 @@ pub fn pick(
         now: now_ms(),
     };
     match &plan.dest {
+        Dest::Split(e) => super::split::first(plan, e).map_err(PickError::Unavailable),
         Dest::Service(s) => ask.in_service(s)?.ok_or_else(none),
         Dest::Route(r) => match &r.mode {
             RouteMode::Targets { by, wrr } => {

@@ -97,6 +97,7 @@ fn service_of(plan: &Plan) -> &str {
     match &plan.dest {
         Dest::Service(s) => &s.name,
         Dest::Route(r) => &r.name,
+        Dest::Split(e) => &e.name,
     }
 }
 
@@ -130,7 +131,7 @@ pub async fn take(
             .throttle
             .clone()
             .filter(|t| t.settings().overflow == Overflow::Queue && t.queued() > 0),
-        Dest::Route(_) => None,
+        Dest::Route(_) | Dest::Split(_) => None,
     };
     let throttle = match waiting {
         Some(t) => t,

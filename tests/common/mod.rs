@@ -188,6 +188,8 @@ pub(crate) struct Mock {
     pub requests: Arc<AtomicU64>,
     pub peer_closed: Arc<AtomicU64>,
     pub seen: Option<Arc<std::sync::Mutex<Vec<Seen>>>>,
+    /// `x-mock*` headers applied to every request, over the client's ([`Mock::force`]).
+    pub forced: Arc<std::sync::Mutex<Vec<(String, String)>>>,
 }
 
 /// A request a recording [`Mock`] received (health checks excepted).
@@ -243,6 +245,7 @@ impl Mock {
             requests: Arc::new(AtomicU64::new(0)),
             peer_closed: Arc::new(AtomicU64::new(0)),
             seen: record.then(|| Arc::new(std::sync::Mutex::new(Vec::new()))),
+            forced: Arc::new(std::sync::Mutex::new(Vec::new())),
         };
         let mm = m.clone();
         tokio::spawn(async move {
@@ -255,6 +258,16 @@ impl Mock {
             }
         });
         m
+    }
+
+    /// Behaves as if every request carried `name: value` (e.g. `x-mock: status`), whatever
+    /// the client sent: a mock that plays one failing upstream among several.
+    #[allow(dead_code)]
+    pub(crate) fn force(&self, name: &str, value: &str) {
+        self.forced
+            .lock()
+            .unwrap()
+            .push((name.to_string(), value.to_string()));
     }
 
     pub(crate) fn release(&self) {
@@ -279,7 +292,11 @@ impl Mock {
             let mut headers = [httparse::EMPTY_HEADER; 64];
             let mut req = httparse::Request::new(&mut headers);
             req.parse(&buf[..head_end]).expect("valid request head");
+            let forced = self.forced.lock().unwrap().clone();
             let h = |name: &str| -> Option<String> {
+                if let Some((_, v)) = forced.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+                    return Some(v.clone());
+                }
                 req.headers
                     .iter()
                     .find(|x| x.name.eq_ignore_ascii_case(name))
