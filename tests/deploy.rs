@@ -364,7 +364,6 @@ async fn instances_addressed_by_name_are_resolved() {
     // A name that does not resolve: `check` passes (the gateway would start and keep the
     // instance unavailable until it resolves) but warns with the YAML path; a malformed one is
     // rejected without a lookup.
-    let dir = tempfile::tempdir().unwrap();
     for (addr, ok, want) in [
         (
             "no-such-engine.invalid:8000",
@@ -377,21 +376,10 @@ async fn instances_addressed_by_name_are_resolved() {
             "services[0].instances[0].addr: invalid socket address",
         ),
     ] {
-        let f = dir.path().join("c.yaml");
-        std::fs::write(
-            &f,
-            format!(
-                "services:\n  - name: m\n    instances:\n      - {{ id: a, addr: \"{addr}\" }}\n"
-            ),
-        )
-        .unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
-            .args(["check", "-c"])
-            .arg(&f)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.success(), ok, "{addr}");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let (passed, err) = check_yaml(&format!(
+            "services:\n  - name: m\n    instances:\n      - {{ id: a, addr: \"{addr}\" }}\n"
+        ));
+        assert_eq!(passed, ok, "{addr}");
         assert!(err.contains(want), "{addr}: {err}");
     }
 }

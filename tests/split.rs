@@ -410,7 +410,6 @@ async fn an_entry_over_https_with_a_private_ca_and_one_by_name() {
 
 #[test]
 fn bad_split_configs_name_their_yaml_path() {
-    let dir = tempfile::tempdir().unwrap();
     for (split, want) in [
         (
             "  proxies:\n    - {name: a, address: \"http://127.0.0.1:1/v1\"}\n",
@@ -445,21 +444,10 @@ fn bad_split_configs_name_their_yaml_path() {
             "split.proxies[2].name: duplicate entry \"a\"",
         ),
     ] {
-        let f = dir.path().join("c.yaml");
-        std::fs::write(
-            &f,
-            format!(
-                "services:\n  - name: m\n    instances:\n      - {{id: a, addr: \"127.0.0.1:1\"}}\nsplit:\n{split}"
-            ),
-        )
-        .unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
-            .args(["check", "-c"])
-            .arg(&f)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{split}");
+        let (ok, err) = check_yaml(&format!(
+            "services:\n  - name: m\n    instances:\n      - {{id: a, addr: \"127.0.0.1:1\"}}\nsplit:\n{split}"
+        ));
+        assert!(!ok, "{split}");
         assert!(err.contains(want), "{split}: {err}");
     }
 }

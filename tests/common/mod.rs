@@ -152,6 +152,23 @@ impl Drop for GatewayProc {
     }
 }
 
+/// `tokengate check` on `yaml` (written to a temp file): whether it passed, and its stderr.
+#[allow(dead_code)]
+pub(crate) fn check_yaml(yaml: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("c.yaml");
+    std::fs::write(&f, yaml).expect("write config");
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["check", "-c"])
+        .arg(&f)
+        .output()
+        .expect("run tokengate check");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
 /// Polls `f` until it returns true or the deadline passes.
 pub(crate) async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
     what: &str,
