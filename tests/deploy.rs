@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::GatewayProc;
+use common::{check_yaml, GatewayProc};
 use serde_yaml_ng::Value;
 use std::collections::BTreeSet;
 use std::path::Path;
