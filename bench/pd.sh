@@ -41,8 +41,9 @@
 #   KV_TRANSFER_MS=10 ms per 1 k prompt tokens (engine-sim's default, ~RDMA): 140 ms for a
 #     14 k prompt, about a sixth of its prefill.
 #   SIM_TIME_SCALE=3.3 with TIME_SCALE=2.2: the engines run 1.5× as fast as the trace's
-#     real-time demand, so the integrated fleet prefills ~30 % of the time and a PD fleet's
-#     2 prefill engines ~60 % (PD concentrates all prefill on half the engines).
+#     real-time demand, so an integrated engine prefills ~30-45 % of a run and a PD fleet's
+#     2 prefill engines ~65-80 % (PD concentrates all prefill on half the engines; measured
+#     in results/pd.md).
 #   KV_BLOCKS=65536 × 16 tokens per engine, MAX_RUNNING=64 (defaults: room for the trace's
 #     prompts; the prefix cache holds the conversations' shared prefixes).
 #
