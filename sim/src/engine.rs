@@ -10,6 +10,14 @@
 //! `time_scale`. Tokens are delivered to per-request unbounded channels; a
 //! closed channel cancels the request.
 //!
+//! With `prefill_chunk_tokens` > 0 prefill and decode share the engine's
+//! compute instead (chunked prefill, as vLLM's and SGLang's mixed batches):
+//! while prefill work is pending, each decode step runs its decode first —
+//! the pending prefills wait that long — and then carries up to
+//! `prefill_chunk_tokens` of that prefill work, which lengthens the step by
+//! their prefill time. Decoding requests see their token gaps grow while
+//! prompts are prefilled, and prefill slows down a little while others decode.
+//!
 //! Prefill/decode disaggregation ([`crate::pd`]) adds two kinds of request. A
 //! PD prefill ([`Submit::hold`]) is an ordinary one-token request whose KV
 //! blocks stay referenced after it finished, until [`Engine::release_hold`]
@@ -222,8 +230,14 @@ pub struct Stats {
     /// Largest running batch observed.
     pub max_running: usize,
     /// Longest decode step scheduled, simulated ms (`decode_step_ms + decode_per_req_ms ×
-    /// running`, before the time scale): the largest batch that decoded together.
+    /// running`, plus the prefill chunk it carried with `prefill_chunk_tokens`; before the
+    /// time scale): the largest batch that decoded together.
     pub max_step_ms: f64,
+    /// Decode steps scheduled.
+    pub decode_steps: u64,
+    /// Decode steps that carried a prefill chunk (`prefill_chunk_tokens` > 0 only): steps
+    /// whose decoding requests waited for another request's prefill.
+    pub mixed_steps: u64,
     /// PD prefill: KV published for a bootstrap room (sglang) or registered for a
     /// transfer id (vllm).
     pub pd_prefills_published: u64,
@@ -251,6 +265,9 @@ struct State {
     /// PD prefill: KV of finished requests pinned until the decode fetched it.
     held: HashMap<u64, (Vec<u64>, usize)>,
     prefill_free_at: Instant,
+    /// End of the decode part of the step under way (`prefill_chunk_tokens` > 0): a
+    /// prefill admitted meanwhile starts after it.
+    decode_until: Instant,
     m: Metrics,
     /// (time, cumulative generation tokens) at recent decode steps, for a
     /// generation throughput over the last second.
@@ -259,6 +276,8 @@ struct State {
     max_prefill_phase: usize,
     max_running: usize,
     max_step_ms: f64,
+    decode_steps: u64,
+    mixed_steps: u64,
 }
 
 pub(crate) struct Engine {
@@ -296,6 +315,7 @@ impl Engine {
                 running: Vec::new(),
                 held: HashMap::new(),
                 prefill_free_at: Instant::now(),
+                decode_until: Instant::now(),
                 gen_window: VecDeque::new(),
                 m: Metrics {
                     prefix_queries: 0,
@@ -313,6 +333,8 @@ impl Engine {
                 max_prefill_phase: 0,
                 max_running: 0,
                 max_step_ms: 0.0,
+                decode_steps: 0,
+                mixed_steps: 0,
             }),
             cfg,
             notify: Notify::new(),
@@ -420,6 +442,8 @@ impl Engine {
             prefill_computed_tokens: st.m.prefill_computed,
             max_running: st.max_running,
             max_step_ms: st.max_step_ms,
+            decode_steps: st.decode_steps,
+            mixed_steps: st.mixed_steps,
             pd_prefills_published: get(&pd.prefills_published),
             pd_transfers_sent: get(&pd.transfers_sent),
             pd_transfers_expired: get(&pd.transfers_expired),
@@ -497,13 +521,17 @@ impl Engine {
                 st.max_running = st.max_running.max(st.running.len());
                 if step_deadline.is_none() && st.running.iter().any(|r| r.decoding) {
                     let c = &self.cfg;
-                    let ms = c.decode_step_ms + c.decode_per_req_ms * st.running.len() as f64;
-                    st.max_step_ms = st.max_step_ms.max(ms);
                     let base = match last_step {
                         Some(l) if l + slack >= now => l,
                         _ => now,
                     };
-                    step_deadline = Some(base + self.step_duration(st.running.len()));
+                    let decode = self.step_duration(st.running.len());
+                    let chunk = st.share_step(base, decode, c);
+                    let ms = c.decode_step_ms
+                        + c.decode_per_req_ms * st.running.len() as f64
+                        + chunk.as_secs_f64() * 1000.0 * c.time_scale;
+                    st.max_step_ms = st.max_step_ms.max(ms);
+                    step_deadline = Some(base + decode + chunk);
                 }
                 let prefill = st
                     .running
@@ -532,6 +560,30 @@ impl Engine {
 }
 
 impl State {
+    /// Shared compute (`prefill_chunk_tokens` > 0) for the decode step starting at `base`:
+    /// the step decodes first (`decode`), so pending prefill work moves back by that much,
+    /// then it carries up to one chunk of that work. Returns the chunk's duration, zero
+    /// without pending prefill work or with the mode off.
+    fn share_step(&mut self, base: Instant, decode: Duration, cfg: &SimConfig) -> Duration {
+        self.decode_steps += 1;
+        if cfg.prefill_chunk_tokens == 0 {
+            return Duration::ZERO;
+        }
+        self.decode_until = base + decode;
+        if self.prefill_free_at <= base {
+            return Duration::ZERO;
+        }
+        for r in self.running.iter_mut() {
+            if !r.decoding && r.prefill_end > base {
+                r.prefill_end += decode;
+            }
+        }
+        self.prefill_free_at += decode;
+        self.mixed_steps += 1;
+        let chunk = secs(cfg.prefill_chunk_tokens as f64 / cfg.prefill_tps / cfg.time_scale);
+        chunk.min(self.prefill_free_at - self.decode_until)
+    }
+
     /// Drop the aborted requests from the queue and the batch (freeing their
     /// blocks) and tell them; returns how many.
     fn drop_aborted(&mut self) -> usize {
@@ -602,7 +654,7 @@ impl State {
             r.cached = (hit * bs) as u32;
             r.anon = anon;
             let uncached = prompt - hit * bs;
-            let start = self.prefill_free_at.max(now);
+            let start = self.prefill_free_at.max(now).max(self.decode_until);
             r.prefill_end = start + secs(uncached as f64 / cfg.prefill_tps / cfg.time_scale);
             self.prefill_free_at = r.prefill_end;
             self.m.prefix_queries += prompt as u64;

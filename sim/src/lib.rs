@@ -133,6 +133,11 @@ pub struct SimConfig {
     pub decode_step_ms: f64,
     /// Extra cost of one decode step per running request, ms.
     pub decode_per_req_ms: f64,
+    /// 0: prefill runs beside the decode steps without slowing them. N > 0: prefill
+    /// and decode share the engine (chunked prefill): while prefill work is pending,
+    /// each decode step also carries up to N tokens of it and lasts their prefill
+    /// time longer, and the prefill waits for the step's decode part.
+    pub prefill_chunk_tokens: usize,
     /// Speed-up factor: every simulated duration is divided by it.
     pub time_scale: f64,
     /// Output tokens when the request sets no max_tokens and no `x-sim-output-tokens`.
@@ -174,6 +179,7 @@ impl Default for SimConfig {
             prefill_tps: 8000.0,
             decode_step_ms: 6.0,
             decode_per_req_ms: 0.35,
+            prefill_chunk_tokens: 0,
             time_scale: 1.0,
             default_output_tokens: 64,
             chunk_tokens: 1,
@@ -254,6 +260,12 @@ pub struct SimArgs {
     /// Additional decode-step duration per running request in ms
     #[arg(long, default_value_t = 0.35)]
     pub decode_per_req_ms: f64,
+    /// Prefill and decode share the engine (chunked prefill): while prompts are
+    /// being prefilled, every decode step also carries up to this many prefill
+    /// tokens and takes their prefill time longer. 0: prefill runs beside the
+    /// decode steps without slowing them
+    #[arg(long, default_value_t = 0)]
+    pub prefill_chunk_tokens: usize,
     /// Divide every simulated duration by this factor (faults excepted)
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
@@ -306,6 +318,7 @@ impl SimArgs {
             prefill_tps: self.prefill_tps,
             decode_step_ms: self.decode_step_ms,
             decode_per_req_ms: self.decode_per_req_ms,
+            prefill_chunk_tokens: self.prefill_chunk_tokens,
             time_scale: self.time_scale,
             default_output_tokens: self.default_output_tokens,
             chunk_tokens: self.chunk_tokens,

@@ -109,3 +109,51 @@ async fn step_time_grows_with_batch() {
     );
     sim.stop().await;
 }
+
+/// A stream decoding while a long prompt arrives; returns the stream's largest token gap.
+async fn decode_beside_a_long_prefill(sim: &engine_sim::SimHandle) -> Duration {
+    let c = client();
+    let a = tokio::spawn(stream_times(c.clone(), sim.url(), "short".into(), 40));
+    // Let the short one start decoding, then send a 4,000-token prompt (16,000 bytes).
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let (ttft_b, _) = stream_times(c.clone(), sim.url(), text(7, 16_000), 2).await;
+    // 4,000 tokens at 10,000 tokens/s: 400 ms of prefill whatever the mode.
+    assert!(ttft_b >= Duration::from_millis(400), "{ttft_b:?}");
+    let (_, toks) = a.await.unwrap();
+    toks.windows(2).map(|w| w[1] - w[0]).max().unwrap()
+}
+
+#[tokio::test]
+async fn chunked_prefill_stalls_the_decode_steps() {
+    let cfg = SimConfig {
+        time_scale: 1.0,
+        prefill_tps: 10_000.0,
+        decode_step_ms: 5.0,
+        decode_per_req_ms: 0.0,
+        ..fast_cfg()
+    };
+    // Default: prefill runs beside the decode steps, which stay 5 ms.
+    let beside = sim(cfg.clone()).await;
+    decode_beside_a_long_prefill(&beside).await;
+    let st = beside.stats();
+    assert_eq!(st.max_step_ms, 5.0, "{st:?}");
+    assert_eq!(st.mixed_steps, 0, "{st:?}");
+    assert!(st.decode_steps >= 40, "{st:?}");
+    beside.stop().await;
+    // Shared compute, chunks of 1,000 tokens (100 ms): while the long prompt is prefilled
+    // every step carries a chunk, so the stream's token gaps grow to 5 + 100 ms.
+    let shared = sim(SimConfig {
+        prefill_chunk_tokens: 1000,
+        ..cfg
+    })
+    .await;
+    let gap = decode_beside_a_long_prefill(&shared).await;
+    let st = shared.stats();
+    assert_eq!(st.max_step_ms, 105.0, "{st:?}");
+    assert!(st.mixed_steps >= 3, "{st:?}");
+    assert!(
+        gap >= Duration::from_millis(100),
+        "largest token gap {gap:?}"
+    );
+    shared.stop().await;
+}
