@@ -183,9 +183,14 @@ impl ServeHttp for Admin {
             }
             "/metrics" => resp(200, "text/plain; version=0.0.4", self.render_metrics()),
             "/admin/instances" => {
-                let body =
-                    serde_json::to_vec_pretty(&self.shared.runtime.load().instances_json())
-                        .unwrap_or_default();
+                let rt = self.shared.runtime.load();
+                let mut v = rt.instances_json();
+                if let Some(m) = rt.mirror.as_ref() {
+                    let mut view = m.view();
+                    view["queued"] = self.shared.mirror.queued().into();
+                    v["mirror"] = view;
+                }
+                let body = serde_json::to_vec_pretty(&v).unwrap_or_default();
                 resp(200, "application/json", body)
             }
             other => resp(

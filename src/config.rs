@@ -68,6 +68,42 @@ pub struct Config {
     /// Gateways in other regions that take the requests this one cannot.
     #[serde(default)]
     pub global: GlobalSettings,
+    /// Traffic mirroring: a sampled copy of requests sent to another endpoint, off the
+    /// client's path. Absent: off.
+    #[serde(default)]
+    pub mirror: Option<MirrorSettings>,
+}
+
+/// Traffic mirroring (`mirror:`): a share of planned requests is copied, asynchronously, to
+/// another OpenAI-compatible endpoint; its answers are measured and thrown away. See
+/// [`crate::mirror`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MirrorSettings {
+    /// Base URL (`http://` or `https://`); the client's path is appended.
+    pub target: String,
+    /// Blank: the mirrored body keeps its `model`; else the body's `model` is replaced.
+    #[serde(default)]
+    pub target_model: String,
+    /// Percent of requests mirrored, 0–100 (fractions allowed, down to 0.01).
+    #[serde(default = "d_mirror_ratio")]
+    pub ratio: f64,
+    /// Sent to the target as `Authorization: Bearer` (never logged, never in `/admin`).
+    #[serde(default)]
+    pub auth_token: Option<String>,
+    /// Longest a mirrored request may take, from its send to its last response byte.
+    #[serde(default = "d_mirror_timeout_ms")]
+    pub timeout_ms: u64,
+    /// One line per mirrored request on the `mirror` log target, next to the primary's figures.
+    #[serde(default)]
+    pub log: bool,
+}
+
+fn d_mirror_ratio() -> f64 {
+    100.0
+}
+fn d_mirror_timeout_ms() -> u64 {
+    5000
 }
 
 /// Global scheduling: when local instances cannot take a request (throttling would reject
@@ -702,6 +738,13 @@ pub struct ServiceConfig {
     /// absent = integrated engines.
     #[serde(default)]
     pub pd: Option<PdSettings>,
+    /// The engines' API key (their `--api-key`), sent as `Authorization: Bearer` to every
+    /// instance without its own.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// TLS towards the instances addressed by `https://` URLs.
+    #[serde(default)]
+    pub tls: Option<TlsSettings>,
     pub instances: Vec<InstanceConfig>,
 }
 
@@ -787,7 +830,43 @@ pub struct InstanceConfig {
     /// decode instance as `bootstrap_port` (`pd.mode: sglang-mooncake`).
     #[serde(default)]
     pub bootstrap_port: Option<u16>,
+    /// The engine's API key (its `--api-key`), sent as `Authorization: Bearer`; overrides
+    /// the service's.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
 }
+
+/// A credential from the config: never printed (its `Debug` is `***`), never in errors,
+/// logs, metrics or `/admin`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+impl Secret {
+    /// Usable as a Bearer token (the error never shows the key).
+    pub fn check(&self) -> Result<(), String> {
+        if self.0.is_empty() || self.0.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err("must be non-empty, without whitespace or control characters".into());
+        }
+        Ok(())
+    }
+
+    /// `Bearer <key>` as a header value marked sensitive (HTTP/2 never indexes it, `Debug`
+    /// hides it).
+    pub fn bearer(&self) -> Option<http::HeaderValue> {
+        let mut v = http::HeaderValue::from_str(&format!("Bearer {}", self.0)).ok()?;
+        v.set_sensitive(true);
+        Some(v)
+    }
+}
+
+pub use crate::tls::TlsSettings;
 
 /// An instance's part in a prefill/decode-disaggregated service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -992,8 +1071,13 @@ impl Config {
                         inst.id
                     ));
                 }
-                if let Err(e) = crate::resolve::check(&inst.addr) {
+                if let Err(e) = crate::resolve::target(&inst.addr) {
                     errs.push(format!("{p}.addr: {e}"));
+                }
+                if let Some(k) = &inst.api_key {
+                    if let Err(e) = k.check() {
+                        errs.push(format!("{p}.api_key: {e}"));
+                    }
                 }
             }
         }
@@ -1028,6 +1112,16 @@ impl Config {
                 }
             }
             validate_pd(si, s, &mut errs);
+            if let Some(k) = &s.api_key {
+                if let Err(e) = k.check() {
+                    errs.push(format!("services[{si}].api_key: {e}"));
+                }
+            }
+            if let Some(t) = &s.tls {
+                if let Err(e) = crate::tls::check(t) {
+                    errs.push(format!("services[{si}].tls.{e}"));
+                }
+            }
             if let Some(em) = &s.engine_metrics {
                 if em.interval.is_zero() || em.timeout.is_zero() {
                     errs.push(format!(
@@ -1097,6 +1191,28 @@ impl Config {
                 if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
                     errs.push(format!("{p}.token: must be non-empty without whitespace"));
                 }
+            }
+        }
+        if let Some(m) = &self.mirror {
+            if let Err(e) = crate::upstream::parse_url(&m.target) {
+                errs.push(format!("mirror.target: {e}"));
+            }
+            if !(m.ratio.is_finite() && (0.0..=100.0).contains(&m.ratio)) {
+                errs.push(format!(
+                    "mirror.ratio: {} is not a percentage (expected 0 to 100)",
+                    m.ratio
+                ));
+            }
+            if m.timeout_ms == 0 {
+                errs.push("mirror.timeout_ms: must be greater than 0".into());
+            }
+            if let Some(t) = &m.auth_token {
+                if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                    errs.push("mirror.auth_token: must be non-empty without whitespace".into());
+                }
+            }
+            if m.target_model.chars().any(char::is_control) {
+                errs.push("mirror.target_model: must not contain control characters".into());
             }
         }
         let cm = &self.cost_model;
@@ -1257,6 +1373,14 @@ impl Config {
     /// printed by `tokengate check`.
     pub fn warnings(&self) -> Vec<String> {
         let mut w = Vec::new();
+        if let Some(m) = &self.mirror {
+            if m.ratio > 0.0 && m.ratio < 0.01 {
+                w.push(format!(
+                    "mirror.ratio: {} is below the sampling resolution (0.01 percent); nothing is mirrored",
+                    m.ratio
+                ));
+            }
+        }
         for (ri, r) in self.routes.iter().enumerate() {
             if r.decision.is_some() && !r.uses_decision() {
                 w.push(format!(
@@ -1695,6 +1819,56 @@ mod tests {
         assert!(!c.routes[0].uses_decision());
         assert!(
             c.warnings()[0].contains("the decision model is never asked"),
+            "{:?}",
+            c.warnings()
+        );
+    }
+
+    #[test]
+    fn mirror_settings_are_checked_with_paths() {
+        let base =
+            "services:\n  - name: m\n    instances:\n      - {id: a, addr: \"127.0.0.1:1\"}\n";
+        let c = Config::from_yaml(&format!(
+            "{base}mirror: {{target: \"http://127.0.0.1:19400\", ratio: 10, auth_token: sk-x, log: true}}\n"
+        ))
+        .unwrap();
+        let m = c.mirror.unwrap();
+        assert_eq!(m.ratio, 10.0);
+        assert_eq!(m.timeout_ms, 5000);
+        assert!(m.target_model.is_empty());
+        assert!(m.log);
+        let e = Config::from_yaml(&format!(
+            "{base}mirror: {{target: \"ftp://x\", ratio: 101, timeout_ms: 0, auth_token: \"a b\"}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "mirror.target: \"ftp://x\" must start with http:// or https://",
+            "mirror.ratio: 101 is not a percentage",
+            "mirror.timeout_ms: must be greater than 0",
+            "mirror.auth_token: must be non-empty without whitespace",
+        ] {
+            assert!(e.contains(want), "{want} not in {e}");
+        }
+        let e = Config::from_yaml(&format!(
+            "{base}mirror: {{target: \"http://h\", rate: 5}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("mirror.rate: mirror: unknown field `rate`"),
+            "{e}"
+        );
+        let e = Config::from_yaml(&format!("{base}mirror: {{ratio: 5}}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing field `target`"), "{e}");
+        let c = Config::from_yaml(&format!(
+            "{base}mirror: {{target: \"https://shadow.example.com/shadow\", ratio: 0.001}}\n"
+        ))
+        .unwrap();
+        assert!(
+            c.warnings()[0].contains("mirror.ratio"),
             "{:?}",
             c.warnings()
         );

@@ -26,6 +26,9 @@ pub struct Health {
     /// Ejected until this `now_ms`.
     ejected_until: AtomicU64,
     ejections: AtomicU64,
+    /// The instance's host name resolves (false: it stopped resolving; unavailable until
+    /// it does again).
+    resolved: AtomicBool,
 }
 
 impl Default for Health {
@@ -37,6 +40,7 @@ impl Default for Health {
             request_failures: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
+            resolved: AtomicBool::new(true),
         }
     }
 }
@@ -49,12 +53,21 @@ pub struct HealthView {
     pub ejected_for_ms: u64,
     pub ejections: u64,
     pub consecutive_failures: u32,
+    /// Its host name resolves (always true for an IP address).
+    pub resolved: bool,
 }
 
 impl Health {
     /// Whether the instance may receive requests at `now_ms`.
     pub fn available(&self, now_ms: u64) -> bool {
-        self.healthy.load(Relaxed) && now_ms >= self.ejected_until.load(Relaxed)
+        self.healthy.load(Relaxed)
+            && now_ms >= self.ejected_until.load(Relaxed)
+            && self.resolved.load(Relaxed)
+    }
+
+    /// Whether the instance's host name resolves; returns whether that changed.
+    pub fn set_resolved(&self, ok: bool) -> bool {
+        self.resolved.swap(ok, Relaxed) != ok
     }
 
     pub fn view(&self, now_ms: u64) -> HealthView {
@@ -65,6 +78,7 @@ impl Health {
             ejected_for_ms: until.saturating_sub(now_ms),
             ejections: self.ejections.load(Relaxed),
             consecutive_failures: self.request_failures.load(Relaxed),
+            resolved: self.resolved.load(Relaxed),
         }
     }
 

@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`transport`], [`resolve`], [`upstream`], [`config`], [`decision`] |
+//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`tls`], [`transport`], [`resolve`], [`upstream`], [`config`], [`decision`], [`mirror`] |
 //! | state | [`pipelines`] (config → pipelines), [`runtime`] (services, routes, instances), [`shared`] |
 //! | one request | [`request`] (admit → plan → dispatch → complete), [`bigbody`], [`proxy`] (Pingora hooks) |
 //! | around requests | [`background`] (health checks, maintenance), [`reload`], [`status`] (the live status page; [`status::recent`] is a leaf the request path writes to), [`admin`] |
@@ -27,6 +27,7 @@ pub mod health;
 pub mod load;
 pub mod memory;
 pub mod metrics;
+pub mod mirror;
 pub mod pipelines;
 pub mod probe;
 pub mod proxy;
@@ -38,6 +39,7 @@ pub mod server;
 pub mod shared;
 pub mod status;
 pub mod throttle;
+pub mod tls;
 pub mod transport;
 pub mod upstream;
 pub mod usage;

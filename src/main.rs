@@ -107,6 +107,20 @@ fn main() -> ExitCode {
                 for w in c.warnings() {
                     eprintln!("  warning: {w}");
                 }
+                // A name that does not resolve here is not an error (the gateway starts and the
+                // instance waits until it resolves), but whoever runs `check` wants to know.
+                for (si, s) in c.services.iter().enumerate() {
+                    for (ii, i) in s.instances.iter().enumerate() {
+                        if tokengate::resolve::is_name(&i.addr) {
+                            if let Err(e) = tokengate::resolve::resolve(&i.addr) {
+                                eprintln!(
+                                    "  warning: services[{si}].instances[{ii}].addr: {e} (from here; \
+                                     the instance gets no requests until it resolves)"
+                                );
+                            }
+                        }
+                    }
+                }
                 let n: usize = c.services.iter().map(|s| s.instances.len()).sum();
                 println!(
                     "{}: ok ({} services, {} instances)",

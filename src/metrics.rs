@@ -58,6 +58,12 @@ pub struct Metrics {
     pub available: IntGaugeVec,
     pub ejections: IntGaugeVec,
     pub reload_ok: prometheus::IntGauge,
+    /// Traffic mirroring: mirrored requests by outcome, their latency, the queue and the
+    /// sends in flight.
+    pub mirror_requests: IntCounterVec,
+    pub mirror_latency: HistogramVec,
+    pub mirror_queue: prometheus::IntGauge,
+    pub mirror_inflight: prometheus::IntGauge,
 }
 
 impl Metrics {
@@ -322,6 +328,33 @@ impl Metrics {
         for r in ["ok", "error"] {
             reloads.with_label_values(&[r]);
         }
+        let mirror_requests = IntCounterVec::new(
+            Opts::new(
+                "tokengate_mirror_requests_total",
+                "Sampled requests copied to the mirror target, by outcome: sent (a send started), then ok (2xx answered whole), http_error (another status), error (connect or read failure), timeout (mirror.timeout_ms); or dropped (the queue was full) and expired (waited in the queue longer than mirror.timeout_ms), which were never sent",
+            ),
+            &["outcome"],
+        )
+        .expect("metric");
+        let mirror_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "tokengate_mirror_latency_seconds",
+                "Answered mirror requests, from their send: to the first token (phase=ttft: the first SSE event with output, or the whole body) and to the last byte (phase=total)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["phase"],
+        )
+        .expect("metric");
+        let mirror_queue = prometheus::IntGauge::new(
+            "tokengate_mirror_queue_depth",
+            "Mirror copies waiting in the queue for a send slot",
+        )
+        .expect("metric");
+        let mirror_inflight = prometheus::IntGauge::new(
+            "tokengate_mirror_inflight",
+            "Mirror requests being sent (at most the mirror's concurrency limit)",
+        )
+        .expect("metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -355,6 +388,10 @@ impl Metrics {
             Box::new(available.clone()),
             Box::new(ejections.clone()),
             Box::new(reload_ok.clone()),
+            Box::new(mirror_requests.clone()),
+            Box::new(mirror_latency.clone()),
+            Box::new(mirror_queue.clone()),
+            Box::new(mirror_inflight.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -392,6 +429,10 @@ impl Metrics {
             reload_ok,
             available,
             ejections,
+            mirror_requests,
+            mirror_latency,
+            mirror_queue,
+            mirror_inflight,
         }
     }
 

@@ -2,7 +2,8 @@
 //! a phase of the request lifecycle ([`crate::request`]): `request_filter` admits and plans,
 //! `upstream_peer` … `response_body_filter` dispatch, `logging` completes. Bodies that fit
 //! Pingora's 64 KiB retry buffer are proxied by this request; larger ones by a subrequest
-//! ([`crate::bigbody`]) that runs these same hooks with the body fed from memory.
+//! ([`crate::bigbody`]) that runs these same hooks with the body fed from memory. Once a
+//! request is planned, a sampled copy may be queued for the traffic mirror ([`crate::mirror`]).
 
 use crate::bigbody;
 use crate::error::GatewayError;
@@ -38,6 +39,17 @@ impl Gateway {
             Ok(p) => p,
             Err(e) => return request::reject(session, ctx, e.status(), e).await,
         };
+        // Traffic mirroring: a sampled copy of the planned request, queued for the
+        // background sender; nothing here waits for it.
+        if let Some(m) = plan.runtime.mirror.as_ref() {
+            ctx.mirror = self.shared.mirror.offer(
+                m,
+                session.req_header(),
+                &body,
+                &plan.request_id,
+                &plan.info.model,
+            );
+        }
         // Admission to an instance: a throttling slot (reject, or wait in the queue); what
         // this region cannot take may go to another region's gateway.
         let legs = match slot::take(&self.shared, slot::Asker::Client(session), &plan, &[]).await? {
@@ -63,6 +75,7 @@ impl Gateway {
                     legs,
                     content_type,
                     hop: ctx.hop,
+                    mirror: ctx.mirror.take(),
                 },
             )
             .await?;
@@ -108,6 +121,7 @@ impl ProxyHttp for Gateway {
             ctx.set_request_id(Some(&id));
             ctx.api = Some(h.plan.api);
             ctx.hop = h.hop;
+            ctx.mirror = h.mirror;
             ctx.plan = Some(h.plan);
             ctx.body = Some(h.body);
             ctx.legs = h.legs;

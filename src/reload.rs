@@ -101,8 +101,10 @@ impl Reloader {
         }
     }
 
-    /// The first instance of the file whose address is a name that no longer resolves to
-    /// the running instance's address, described for the log.
+    /// Re-resolves the instances addressed by name. A name that stops resolving makes its
+    /// instance unavailable (and available again once it resolves); returns, described for
+    /// the log, the first instance whose name now points elsewhere than its running address
+    /// (the config is then reloaded, which resolves it anew).
     async fn name_moved(&self) -> Option<String> {
         let cfg = Config::load(&self.source.path).ok()?;
         let rt = self.shared.runtime.load_full();
@@ -112,21 +114,36 @@ impl Reloader {
                 .iter()
                 .filter(|i| crate::resolve::is_name(&i.addr))
             {
-                let now = match crate::resolve::resolve_all(&i.addr).await {
-                    Ok(all) if !all.is_empty() => all,
-                    _ => continue, // unresolvable for now: keep the running address
-                };
-                let running = rt
+                let Some(running) = rt
                     .ordered
                     .iter()
                     .flat_map(|s| s.instances.iter())
                     .find(|x| x.id == i.id)
-                    .map(|x| x.addr);
-                if let Some(r) = running.filter(|r| !now.contains(r)) {
+                else {
+                    continue;
+                };
+                let now = match crate::resolve::resolve_all(&i.addr).await {
+                    Ok(all) if !all.is_empty() => all,
+                    r => {
+                        if running.health.set_resolved(false) {
+                            warn!(
+                                "instance {}: {} does not resolve ({}); it gets no requests until it does",
+                                i.id,
+                                i.addr,
+                                r.err().unwrap_or_else(|| "no address".into())
+                            );
+                        }
+                        continue;
+                    }
+                };
+                if !now.contains(&running.addr) {
                     return Some(format!(
-                        "instance {}: {} now resolves to {now:?} (was {r})",
-                        i.id, i.addr
+                        "instance {}: {} now resolves to {now:?} (was {})",
+                        i.id, i.addr, running.addr
                     ));
+                }
+                if running.health.set_resolved(true) {
+                    info!("instance {}: {} resolves again", i.id, i.addr);
                 }
             }
         }

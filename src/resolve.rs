@@ -1,5 +1,7 @@
 //! Instance addresses: `ip:port`, or `host:port` for engines addressed by name (a Docker
-//! Compose service, a Kubernetes headless Service: `engine-0.engines.default.svc:8000`).
+//! Compose service, a Kubernetes headless Service: `engine-0.engines.default.svc:8000`), or
+//! either as a URL, `http://host:port` or `https://host:port` (HTTPS: TLS with SNI and
+//! certificate verification, see [`crate::tls`]; the port defaults to 80 / 443).
 //! A name is resolved when the config is loaded (at start and on every reload); a name with
 //! several addresses gives its lowest IPv4 address (else its lowest address), so the choice
 //! does not depend on the resolver's order: one instance is one engine, list each pod's own
@@ -13,9 +15,75 @@ use std::time::Duration;
 /// How often the reloader re-resolves the names of a running config.
 pub const RERESOLVE_EVERY: Duration = Duration::from_secs(10);
 
+/// An instance address taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `https://`.
+    pub tls: bool,
+    /// The host as written (a name or an IP; IPv6 without brackets): SNI and certificate
+    /// checks.
+    pub host: String,
+    /// `host:port` to resolve (IPv6 in brackets), also the `Host` header.
+    pub authority: String,
+}
+
+/// Takes an address apart: `ip:port`, `host:port`, or `http[s]://host[:port][/]`.
+pub fn target(addr: &str) -> Result<Target, String> {
+    let (tls, rest) = match (addr.strip_prefix("https://"), addr.strip_prefix("http://")) {
+        (Some(r), _) => (true, r),
+        (_, Some(r)) => (false, r),
+        _ => {
+            check(addr)?;
+            let host = host_of(addr);
+            return Ok(Target {
+                tls: false,
+                host,
+                authority: addr.to_string(),
+            });
+        }
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains(['/', '?', '#', '@']) {
+        return Err(format!(
+            "invalid address {addr:?}: an engine's URL is scheme://host[:port] (no path, query or credentials)"
+        ));
+    }
+    // The default port when the URL has none.
+    let has_port = match rest.rsplit_once(':') {
+        Some((h, p)) => {
+            !p.is_empty()
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && (!h.starts_with('[') || h.ends_with(']'))
+        }
+        None => false,
+    };
+    let authority = if has_port {
+        rest.to_string()
+    } else {
+        format!("{rest}:{}", if tls { 443 } else { 80 })
+    };
+    check(&authority).map_err(|e| format!("invalid address {addr:?}: {e}"))?;
+    Ok(Target {
+        tls,
+        host: host_of(&authority),
+        authority,
+    })
+}
+
+/// The host of a checked `host:port` (IPv6 without brackets).
+fn host_of(authority: &str) -> String {
+    let h = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+    h.trim_start_matches('[').trim_end_matches(']').to_string()
+}
+
+/// `host:port` of an address (the URL's scheme and trailing slash removed).
+fn authority(addr: &str) -> String {
+    target(addr).map_or_else(|_| addr.to_string(), |t| t.authority)
+}
+
 /// Whether `addr` names a host (not an `ip:port`).
 pub fn is_name(addr: &str) -> bool {
-    addr.parse::<SocketAddr>().is_err()
+    authority(addr).parse::<SocketAddr>().is_err()
 }
 
 /// Checks the form of an address without resolving it: `ip:port`, `[v6]:port`, or
@@ -49,6 +117,7 @@ pub fn check(addr: &str) -> Result<(), String> {
 
 /// The socket address of `addr`: parsed, or looked up (blocking) when it is a name.
 pub fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    let addr = &authority(addr);
     if let Ok(a) = addr.parse::<SocketAddr>() {
         return Ok(a);
     }
@@ -72,19 +141,49 @@ fn pick(all: &[SocketAddr]) -> Option<SocketAddr> {
 
 /// Every address of `addr` now, without blocking the runtime's thread.
 pub async fn resolve_all(addr: &str) -> Result<Vec<SocketAddr>, String> {
+    let owned = authority(addr);
+    let addr = owned.as_str();
     if let Ok(a) = addr.parse::<SocketAddr>() {
         return Ok(vec![a]);
     }
     check(addr)?;
-    Ok(tokio::net::lookup_host(addr)
+    let all: Vec<SocketAddr> = tokio::net::lookup_host(addr)
         .await
         .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
-        .collect())
+        .collect();
+    Ok(all)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls() {
+        let t = target("https://engine.example:8443").unwrap();
+        assert_eq!(
+            (t.tls, t.host.as_str(), t.authority.as_str()),
+            (true, "engine.example", "engine.example:8443")
+        );
+        let t = target("https://localhost/").unwrap();
+        assert_eq!(t.authority, "localhost:443");
+        let t = target("http://[::1]:8000").unwrap();
+        assert_eq!((t.tls, t.host.as_str()), (false, "::1"));
+        let t = target("10.0.0.5:8000").unwrap();
+        assert_eq!((t.tls, t.host.as_str()), (false, "10.0.0.5"));
+        assert!(is_name("http://vllm-0.vllm:8000"));
+        assert!(!is_name("http://127.0.0.1:8000"));
+        assert_eq!(resolve("http://127.0.0.1:9").unwrap().port(), 9);
+        for bad in [
+            "http://h:1/v1",
+            "https://u:p@h:1",
+            "ftp://h:1",
+            "http://",
+            "https://h:x",
+        ] {
+            assert!(target(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn forms() {

@@ -50,6 +50,14 @@ pub struct Instance {
     pub role: Role,
     /// A prefill node's bootstrap port (SGLang).
     pub bootstrap_port: Option<u16>,
+    /// An `https://` instance: SNI, verification, the CA.
+    pub tls: Option<Arc<crate::tls::TlsPeer>>,
+    /// `http[s]://host:port` as configured (side requests, health checks, metric scrapes).
+    pub origin: String,
+    /// `host:port` as configured: the `Host` header sent to the engine.
+    pub host_header: http::HeaderValue,
+    /// `Bearer <api_key>` for the engine (sensitive: never logged or shown).
+    pub auth: Option<http::HeaderValue>,
 }
 
 impl HasLoad for Instance {
@@ -64,6 +72,29 @@ impl HasLoad for Instance {
 }
 
 impl Instance {
+    /// The URL of `path` on the instance: its configured origin when it is `https://` (TLS
+    /// needs the name), else the address it resolved to.
+    pub fn url(&self, path: &str) -> String {
+        match &self.tls {
+            Some(_) => format!("{}{path}", self.origin),
+            None => format!("http://{}{path}", self.addr),
+        }
+    }
+
+    /// A request to `path` on the instance with its API key.
+    pub fn request(
+        &self,
+        client: &reqwest::Client,
+        method: reqwest::Method,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        let r = client.request(method, self.url(path));
+        match &self.auth {
+            Some(a) => r.header(reqwest::header::AUTHORIZATION, a.clone()),
+            None => r,
+        }
+    }
+
     /// Feeds a request's outcome to the instance's passive health (`passive_health`).
     pub fn passive(&self, failed: bool, p: &crate::config::PassiveHealthSettings, now: u64) {
         let eject_ms = p.eject_for.as_millis() as u64;
@@ -117,6 +148,9 @@ pub struct Service {
     pub throttle: Option<Arc<Throttle>>,
     /// Prefill/decode disaggregation: `sched` picks the prefill instance, this the decode one.
     pub pd: Option<Pd>,
+    /// HTTP client towards the instances with the service's TLS settings (health checks,
+    /// metric scrapes, prefill side requests).
+    pub http: reqwest::Client,
 }
 
 /// A disaggregated service's protocol and decode picker.
@@ -309,6 +343,8 @@ pub struct Runtime {
     /// Global scheduling: this gateway's name (the hop header) and the member gateways.
     pub hop_name: http::HeaderValue,
     pub members: Vec<Member>,
+    /// Traffic mirroring (`mirror:`), when configured.
+    pub mirror: Option<Arc<crate::mirror::Settings>>,
 }
 
 /// Another region's gateway (`global.members[]`).
@@ -392,16 +428,72 @@ impl Runtime {
                 },
                 _ => Limits::default(),
             };
+            // TLS towards the service's https:// instances, and the client of its background
+            // loops and side requests.
+            let svc_tls = match crate::tls::TlsPeer::new("", s.tls.as_ref()) {
+                Ok(t) => t,
+                Err(e) => {
+                    errs.push(format!("services[{si}].tls.{e}"));
+                    continue;
+                }
+            };
+            if s.tls.as_ref().is_some_and(|t| t.insecure_skip_verify) {
+                log::warn!(
+                    "services[{si}] ({}): tls.insecure_skip_verify is on: the certificates of its https instances are NOT checked (tests only)",
+                    s.name
+                );
+            }
+            let http = match crate::tls::client(s.tls.as_ref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    errs.push(format!("services[{si}].tls.{e}"));
+                    continue;
+                }
+            };
             let mut instances = Vec::with_capacity(s.instances.len());
             for (idx, i) in s.instances.iter().enumerate() {
                 let p = format!("services[{si}].instances[{idx}]");
-                let addr: SocketAddr = match crate::resolve::resolve(&i.addr) {
-                    Ok(a) => a,
+                let target = match crate::resolve::target(&i.addr) {
+                    Ok(t) => t,
                     Err(e) => {
                         errs.push(format!("{p}.addr: {e}"));
                         continue;
                     }
                 };
+                let origin = format!(
+                    "{}://{}",
+                    if target.tls { "https" } else { "http" },
+                    target.authority
+                );
+                // A name that does not resolve (yet) leaves the instance unavailable, not the
+                // gateway down: the previous address of the same instance is kept, and the
+                // reloader re-resolves it (see `crate::resolve`).
+                let (addr, unresolved) = match crate::resolve::resolve(&i.addr) {
+                    Ok(a) => (a, None),
+                    Err(e) => {
+                        let kept = prev
+                            .into_iter()
+                            .flat_map(|p| p.ordered.iter().flat_map(|s| s.instances.iter()))
+                            .find(|x| x.id == i.id && x.origin == origin)
+                            .map(|x| x.addr);
+                        let port = target
+                            .authority
+                            .rsplit_once(':')
+                            .and_then(|(_, p)| p.parse().ok())
+                            .unwrap_or(0);
+                        let a = kept.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], port)));
+                        (a, Some(e))
+                    }
+                };
+                let Ok(host_header) = http::HeaderValue::from_str(&target.authority) else {
+                    errs.push(format!("{p}.addr: {:?} cannot be a Host header", i.addr));
+                    continue;
+                };
+                let auth = i
+                    .api_key
+                    .as_ref()
+                    .or(s.api_key.as_ref())
+                    .and_then(|k| k.bearer());
                 let id_header = match http::HeaderValue::from_str(&i.id) {
                     Ok(h) => h,
                     Err(_) => {
@@ -410,6 +502,9 @@ impl Runtime {
                     }
                 };
                 let old = prev_inst(&i.id, addr);
+                if let Some(e) = &unresolved {
+                    log::warn!("{p} ({}): {e}; it gets no requests until it resolves", i.id);
+                }
                 let role = i.role.map_or(Role::Integrated, |r| r.plugin_role());
                 instances.push(Arc::new(Instance {
                     id: i.id.clone(),
@@ -420,7 +515,12 @@ impl Runtime {
                     idx,
                     key: InstanceKey::of(&i.id),
                     load: old.as_ref().map(|p| p.load.clone()).unwrap_or_default(),
-                    health: old.as_ref().map(|p| p.health.clone()).unwrap_or_default(),
+                    health: {
+                        let h: Arc<Health> =
+                            old.as_ref().map(|p| p.health.clone()).unwrap_or_default();
+                        h.set_resolved(unresolved.is_none());
+                        h
+                    },
                     engine: old.as_ref().map(|p| p.engine.clone()).unwrap_or_default(),
                     engine_max_age_ms: s
                         .engine_metrics
@@ -437,6 +537,10 @@ impl Runtime {
                     },
                     role,
                     bootstrap_port: i.bootstrap_port,
+                    tls: target.tls.then(|| Arc::new(svc_tls.with_sni(&target.host))),
+                    origin,
+                    host_header,
+                    auth,
                 }));
             }
             let index = match prev_svc {
@@ -476,6 +580,7 @@ impl Runtime {
                     decode: pipelines::decode(pd.decode_policy),
                     turn: std::sync::atomic::AtomicU64::new(0),
                 }),
+                http,
             });
             services.insert(s.name.clone(), svc.clone());
             ordered.push(svc);
@@ -594,6 +699,22 @@ impl Runtime {
         if !errs.is_empty() {
             return Err(ConfigErrors(errs));
         }
+        let mirror = match cfg.mirror.as_ref().map(crate::mirror::Settings::new) {
+            None => None,
+            Some(Ok(s)) => Some(Arc::new(s)),
+            Some(Err(e)) => return Err(ConfigErrors(vec![format!("mirror.{e}")])),
+        };
+        if let Some(p) = prev {
+            let was = p.mirror.as_ref().map(|m| m.describe());
+            let now = mirror.as_ref().map(|m| m.describe());
+            if was != now {
+                info!(
+                    "mirror: {}",
+                    now.as_deref()
+                        .unwrap_or("off (copies in flight finish or time out)")
+                );
+            }
+        }
         let engine_metrics = cfg
             .services
             .iter()
@@ -625,6 +746,7 @@ impl Runtime {
             hop_name: http::HeaderValue::from_str(&cfg.global.name)
                 .unwrap_or_else(|_| http::HeaderValue::from_static("tokengate")),
             members,
+            mirror,
         })
     }
 
@@ -673,6 +795,7 @@ impl Runtime {
                     "id": i.id,
                     "service": i.service,
                     "addr": i.addr.to_string(),
+                    "url": i.origin,
                     "labels": i.labels,
                     "role": i.role.as_str(),
                     "bootstrap_port": i.bootstrap_port,

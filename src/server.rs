@@ -204,6 +204,7 @@ impl BackgroundService for Acceptor {
             self.shared.clone(),
             shutdown.clone(),
         )));
+        tasks.push(tokio::spawn(self.shared.mirror.clone().run()));
         while !*shutdown.borrow() {
             if shutdown.changed().await.is_err() {
                 break;

@@ -1,9 +1,10 @@
 //! State shared by every request and background loop: the runtime (swapped on reload), the
-//! metrics, and the decision-service client.
+//! metrics, the decision-service client and the traffic mirror.
 
 use crate::config::{Config, ConfigErrors};
 use crate::decision::DecisionClient;
 use crate::metrics::Metrics;
+use crate::mirror::Mirror;
 use crate::runtime::Runtime;
 use arc_swap::ArcSwap;
 use std::sync::Arc;
@@ -21,6 +22,9 @@ pub struct Shared {
     pub generation: tokio::sync::watch::Sender<u64>,
     /// What the status page remembers: recent requests, sampled history, last reload.
     pub status: crate::status::recent::Board,
+    /// Traffic mirroring: the sampler and the queue of copies (its settings are the
+    /// runtime's, so a reload applies them).
+    pub mirror: Arc<Mirror>,
 }
 
 impl Shared {
@@ -28,7 +32,9 @@ impl Shared {
     pub fn new(cfg: &Config) -> Result<Arc<Shared>, ConfigErrors> {
         let metrics = Metrics::new();
         let rt = Runtime::build(cfg, None, &metrics)?;
+        let mirror = Arc::new(Mirror::new(&metrics));
         Ok(Arc::new(Shared {
+            mirror,
             runtime: ArcSwap::from_pointee(rt),
             metrics,
             decision: DecisionClient::new(),

@@ -21,7 +21,14 @@ fn every_conf_example_is_valid() {
             let out = check(&p);
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "{}: {err}", p.display());
-            assert!(!err.contains("warning:"), "{}: {err}", p.display());
+            // Examples name the hosts of a deployment (engines.internal, compose service
+            // names) that do not resolve here; `check` warns about those and nothing else.
+            assert!(
+                !err.lines()
+                    .any(|l| l.contains("warning:") && !l.contains("cannot resolve")),
+                "{}: {err}",
+                p.display()
+            );
             n += 1;
         }
     }

@@ -14,10 +14,6 @@ use std::time::{Duration, Instant};
 const TICK: Duration = Duration::from_millis(100);
 
 pub async fn run(shared: Arc<Shared>, mut stop: pingora::server::ShutdownWatch) {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(1)
-        .build()
-        .unwrap_or_default();
     let mut last: HashMap<String, Instant> = HashMap::new();
     loop {
         let rt = shared.runtime.load_full();
@@ -33,13 +29,13 @@ pub async fn run(shared: Arc<Shared>, mut stop: pingora::server::ShutdownWatch) 
             }
             last.insert(svc.name.clone(), Instant::now());
             for i in &svc.instances {
-                let url = format!("http://{}{}", i.addr, em.path);
-                let client = client.clone();
+                let url = i.url(&em.path);
+                let req = i.request(&svc.http, reqwest::Method::GET, &em.path);
                 let i = i.clone();
                 let timeout = em.timeout;
                 scrapes.push(async move {
                     let got = tokio::time::timeout(timeout, async {
-                        let r = client.get(&url).send().await.ok()?;
+                        let r = req.send().await.ok()?;
                         if !r.status().is_success() {
                             return None;
                         }

@@ -17,14 +17,14 @@ pub async fn run_checks(shared: Arc<Shared>, mut stop: pingora::server::Shutdown
         let rt = shared.runtime.load_full();
         let hc = rt.health_check.clone();
         if hc.enabled {
-            let checks = rt.ordered.iter().flat_map(|s| s.instances.iter()).map(|i| {
-                let url = format!("http://{}{}", i.addr, hc.path);
-                let client = client.clone();
+            let checks = rt.ordered.iter().flat_map(|s| s.instances.iter().map(move |i| (s, i))).map(|(s, i)| {
+                let url = i.url(&hc.path);
+                let req = i.request(&s.http, reqwest::Method::GET, &hc.path);
                 let i = i.clone();
                 let hc = hc.clone();
                 async move {
                     let ok = matches!(
-                        tokio::time::timeout(hc.timeout, client.get(&url).send()).await,
+                        tokio::time::timeout(hc.timeout, req.send()).await,
                         Ok(Ok(r)) if r.status().is_success()
                     );
                     match i.health.on_check(ok, hc.rise, hc.fall) {

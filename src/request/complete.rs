@@ -3,7 +3,8 @@
 //! health counts a failure or a success; the scheduler hears the outcome (a completed
 //! request refreshes its session binding); the service's prefix index refreshes the prompt
 //! on success; the metrics (per model and service: tokens, prefix ceiling / predicted /
-//! engine hits, TTFT, duration, status) and one access-log line record the request.
+//! engine hits, TTFT, duration, status) and one access-log line record the request; a
+//! mirrored request's figures go to its mirror log line ([`crate::mirror`]).
 //!
 //! [`finish`] runs once per request, from Pingora's `logging` hook, whatever path the request
 //! took; [`attempt_failed`] ends an attempt that is retried on another instance.
@@ -315,6 +316,15 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         .with_label_values(&[model, metric_instance, code.as_str()])
         .inc();
     let dur = ctx.start.elapsed();
+    if let Some(t) = ctx.mirror.take() {
+        t.complete(crate::mirror::Primary {
+            instance: instance.to_string(),
+            status,
+            ttft: ctx.response.ttft,
+            duration: dur,
+            usage: u,
+        });
+    }
     if ctx.plan.is_some() {
         m.duration
             .with_label_values(&[model])

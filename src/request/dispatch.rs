@@ -201,7 +201,10 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                 if l.service.pd.is_none() {
                     ctx.tried.push(l.instance.key);
                 }
-                peer = Some(HttpPeer::new(l.instance.addr, false, String::new()));
+                peer = Some(match &l.instance.tls {
+                    Some(t) => t.peer(l.instance.addr),
+                    None => HttpPeer::new(l.instance.addr, false, String::new()),
+                });
             }
             To::Remote(r) => {
                 let e = r.endpoint.clone();
@@ -366,10 +369,18 @@ pub fn upstream_request(up: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
         up.insert_header("x-request-id", id)?;
     }
     if let Some(plan) = ctx.plan.as_ref() {
-        if !plan.forward_auth {
+        let local = ctx.main_leg().and_then(|l| l.local());
+        if let Some(auth) = local.and_then(|l| l.instance.auth.clone()) {
+            // The engine's own key replaces whatever the client sent.
+            up.remove_header("x-api-key");
+            up.insert_header("authorization", auth)?;
+        } else if !plan.forward_auth {
             // The client's key is the gateway's, not the engine's.
             up.remove_header("authorization");
             up.remove_header("x-api-key");
+        }
+        if let Some(l) = local {
+            up.insert_header("host", l.instance.host_header.clone())?;
         }
         if let Some(r) = ctx.main_leg().and_then(|l| l.remote()) {
             // Another gateway: its own key, the hop mark, its host.

@@ -266,6 +266,9 @@ pub struct Ctx {
     pub local_status: Option<u16>,
     pub local_error: Option<String>,
     pub deadline_hit: bool,
+    /// The primary's half of the mirror log line, when this request was mirrored with
+    /// `mirror.log` on.
+    pub mirror: Option<crate::mirror::Ticket>,
 }
 
 impl Ctx {
@@ -290,6 +293,7 @@ impl Ctx {
             local_status: None,
             local_error: None,
             deadline_hit: false,
+            mirror: None,
         }
     }
 
@@ -339,6 +343,8 @@ pub struct Handoff {
     pub content_type: Option<HeaderValue>,
     /// The request came from another region's gateway.
     pub hop: bool,
+    /// The mirror log line's primary half (completed by the subrequest).
+    pub mirror: Option<crate::mirror::Ticket>,
 }
 
 /// A fresh request id: 32 hex digits, a random per-process prefix and a counter (unique,

@@ -39,7 +39,6 @@ use log::{debug, warn};
 use parking_lot::Mutex;
 use pingora::proxy::Session;
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokengate_plugins::InstanceKey;
@@ -212,7 +211,7 @@ impl Attempt {
     pub fn abort_prefill(&mut self) {
         if self.side.settle(State::Aborted) {
             if let Some(rid) = &self.rid {
-                abort(&self.http, self.prefill.addr, rid);
+                abort(&self.http, &self.prefill, rid);
             }
         }
         if let Some(t) = self.task.take() {
@@ -262,17 +261,16 @@ pub async fn settle_after_decode_error(ctx: &Ctx, status: u16) {
 }
 
 /// Asks an SGLang engine to abort request `rid` (fire and forget).
-fn abort(http: &reqwest::Client, addr: SocketAddr, rid: &str) {
+fn abort(http: &reqwest::Client, inst: &Arc<Instance>, rid: &str) {
     let http = http.clone();
     let rid = rid.to_string();
+    let req = inst
+        .request(&http, reqwest::Method::POST, "/abort_request")
+        .timeout(ABORT_TIMEOUT)
+        .json(&json!({ "rid": rid }));
+    let addr = inst.addr;
     tokio::spawn(async move {
-        let url = format!("http://{addr}/abort_request");
-        let r = http
-            .post(&url)
-            .timeout(ABORT_TIMEOUT)
-            .json(&json!({ "rid": rid }))
-            .send()
-            .await;
+        let r = req.send().await;
         match r {
             Ok(r) if r.status().is_success() => debug!("aborted request {rid} on {addr}"),
             Ok(r) => debug!("abort of request {rid} on {addr}: {}", r.status()),
@@ -332,10 +330,13 @@ pub async fn dispatch(
         .path_and_query()
         .map_or("/v1/chat/completions", |p| p.as_str())
         .to_string();
-    let headers = prefill_headers(session, ctx, plan);
+    let headers = prefill_headers(session, ctx, plan, &prefill);
     let t = &plan.runtime.timeouts;
-    let http = shared.pd_http.clone();
-    let url = format!("http://{}{path}", prefill.addr);
+    let http = match ctx.main_leg().and_then(|l| l.local()) {
+        Some(l) => l.service.http.clone(),
+        None => shared.pd_http.clone(),
+    };
+    let url = prefill.url(&path);
     match mode {
         PdMode::SglangMooncake => {
             let room = tokengate_plugins::rand::random::<u64>() & (i64::MAX as u64);
@@ -363,7 +364,7 @@ pub async fn dispatch(
                 body,
                 (t.first_byte, t.total),
                 side.clone(),
-                (decode.addr, rid.clone()),
+                (decode.clone(), rid.clone()),
                 plan.runtime.clone(),
             ));
             ctx.pd = Some(Attempt {
@@ -431,9 +432,14 @@ fn passive(inst: &Arc<Instance>, failed: bool, plan: &Plan) {
     inst.passive(failed, &plan.runtime.passive, crate::clock::now_ms());
 }
 
-/// The headers of the prefill request: JSON, the request id, and the client's key when the
-/// gateway forwards it.
-fn prefill_headers(session: &Session, ctx: &Ctx, plan: &Plan) -> reqwest::header::HeaderMap {
+/// The headers of the prefill request: JSON, the request id, and the engine's key (or the
+/// client's when the gateway forwards it).
+fn prefill_headers(
+    session: &Session,
+    ctx: &Ctx,
+    plan: &Plan,
+    inst: &Instance,
+) -> reqwest::header::HeaderMap {
     let mut h = reqwest::header::HeaderMap::new();
     h.insert(
         reqwest::header::CONTENT_TYPE,
@@ -442,7 +448,9 @@ fn prefill_headers(session: &Session, ctx: &Ctx, plan: &Plan) -> reqwest::header
     if let Some(id) = ctx.request_id_header.clone() {
         h.insert("x-request-id", id);
     }
-    if plan.forward_auth {
+    if let Some(a) = inst.auth.clone() {
+        h.insert(reqwest::header::AUTHORIZATION, a);
+    } else if plan.forward_auth {
         let req = &session.req_header().headers;
         for k in ["authorization", "x-api-key"] {
             if let Some(v) = req.get(k) {
@@ -463,7 +471,7 @@ async fn sglang_prefill(
     body: Bytes,
     (first_byte, total): (Duration, Duration),
     side: Arc<Side>,
-    (decode, rid): (SocketAddr, String),
+    (decode, rid): (Arc<Instance>, String),
     rt: Arc<crate::runtime::Runtime>,
 ) {
     let started = Instant::now();
@@ -484,7 +492,7 @@ async fn sglang_prefill(
                     "prefill instance {} failed ({}); aborting request {rid} on the decode instance",
                     side.instance.id, f.message
                 );
-                abort(&http, decode, &rid);
+                abort(&http, &decode, &rid);
             }
             side.finish(Outcome::Failed);
             instance_failed

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod fleet;
+pub(crate) mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -178,22 +179,70 @@ pub(crate) async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Outpu
 /// - `hang`: starts an SSE stream, sends 1 chunk, then sends nothing until the peer closes
 ///   (counted in `peer_closed`);
 /// - `stall`: sends nothing at all until the peer closes.
+///
+/// A mock started with [`Mock::recording`] also keeps every request it answers ([`Seen`]).
 #[derive(Clone)]
 pub(crate) struct Mock {
     pub addr: SocketAddr,
     pub gate: Arc<Notify>,
     pub requests: Arc<AtomicU64>,
     pub peer_closed: Arc<AtomicU64>,
+    pub seen: Option<Arc<std::sync::Mutex<Vec<Seen>>>>,
+}
+
+/// A request a recording [`Mock`] received (health checks excepted).
+#[derive(Clone, Debug)]
+pub(crate) struct Seen {
+    pub path: String,
+    /// Lower-cased names.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Seen {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
 }
 
 impl Mock {
     pub(crate) async fn start() -> Mock {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Mock::start_with("127.0.0.1:0", false).await
+    }
+
+    /// A mock on `addr` (e.g. another loopback address, `127.0.0.2:0`).
+    pub(crate) async fn start_on(addr: &str) -> Mock {
+        Mock::start_with(addr, false).await
+    }
+
+    /// A mock that keeps every request it answers in `seen`.
+    pub(crate) async fn recording() -> Mock {
+        Mock::start_with("127.0.0.1:0", true).await
+    }
+
+    /// What a recording mock received so far.
+    pub(crate) fn seen(&self) -> Vec<Seen> {
+        self.seen
+            .as_ref()
+            .map(|s| s.lock().unwrap().clone())
+            .unwrap_or_default()
+    }
+
+    async fn start_with(addr: &str, record: bool) -> Mock {
+        let l = TcpListener::bind(addr).await.unwrap();
         let m = Mock {
             addr: l.local_addr().unwrap(),
             gate: Arc::new(Notify::new()),
             requests: Arc::new(AtomicU64::new(0)),
             peer_closed: Arc::new(AtomicU64::new(0)),
+            seen: record.then(|| Arc::new(std::sync::Mutex::new(Vec::new()))),
         };
         let mm = m.clone();
         tokio::spawn(async move {
@@ -245,6 +294,19 @@ impl Mock {
             let status = h("x-mock-status").unwrap_or_else(|| "503".into());
             let rid = h("x-request-id").unwrap_or_default();
             let auth = h("authorization").unwrap_or_default();
+            let head = self.seen.as_ref().map(|_| {
+                let headers: Vec<(String, String)> = req
+                    .headers
+                    .iter()
+                    .map(|x| {
+                        (
+                            x.name.to_ascii_lowercase(),
+                            String::from_utf8_lossy(x.value).to_string(),
+                        )
+                    })
+                    .collect();
+                (req.path.unwrap_or_default().to_string(), headers)
+            });
             let mut rest = buf.split_off(head_end);
             buf.clear();
             // Read the body.
@@ -269,6 +331,13 @@ impl Mock {
                 s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
                     .await?;
                 continue;
+            }
+            if let (Some(seen), Some((path, headers))) = (&self.seen, head) {
+                seen.lock().unwrap().push(Seen {
+                    path,
+                    headers,
+                    body: body.clone(),
+                });
             }
             self.requests.fetch_add(1, Ordering::SeqCst);
             let wants_usage = find(&body, b"\"include_usage\":true").is_some();
