@@ -1,7 +1,8 @@
 //! The live status page on the admin listener: `/admin/status` and the admin token's cookie
 //! flow through the real binary, and the page itself rendered by a real headless Chromium
-//! (Debian's `chromium`) against `tokengate demo` after a burst of traffic and an overload
-//! of its throttled service (queue, refusals, a member gateway taking the overflow).
+//! (Debian's `chromium`) against `tokengate demo` after a burst of traffic (every other
+//! request mirrored) and an overload of its throttled service (queue, refusals, a member
+//! gateway taking the overflow).
 //!
 //! The browser test skips (with a message) when no Chromium is installed, unless
 //! `TOKENGATE_REQUIRE_BROWSER=1` (set by `.ci/run`), where a missing browser fails. The
@@ -391,7 +392,10 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
     let t = &svc("qwen3-8b")["throttle"];
     assert!(throttled.contains("throttle · queue"), "{throttled}");
     assert!(throttled.contains("queue <b>0/2</b>"), "{throttled}");
-    assert!(throttled.contains("prefill slots <b>0/1</b>"), "{throttled}");
+    assert!(
+        throttled.contains("prefill slots <b>0/1</b>"),
+        "{throttled}"
+    );
     let refused = format!(
         "refused <b>{} queue full · {} timed out · 0 at limit</b>",
         t["rejections"]["queue_full"], t["rejections"]["queue_timeout"]
@@ -415,8 +419,13 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
         "{pd}"
     );
     // The member gateway with what it answered; the request it served among the recent ones.
-    assert!(dom.contains("id=\"global-card\">"), "the global card is shown");
-    let ok = status["global"]["members"][0]["outcomes"]["ok"].as_u64().unwrap();
+    assert!(
+        dom.contains("id=\"global-card\">"),
+        "the global card is shown"
+    );
+    let ok = status["global"]["members"][0]["outcomes"]["ok"]
+        .as_u64()
+        .unwrap();
     assert!(ok >= 1);
     assert_eq!(
         cell(&dom, "data-member=\"eu-west\"", "data-field=\"ok\""),
@@ -424,6 +433,43 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
     );
     assert!(dom.contains("us-east → what it cannot take"));
     assert!(dom.contains("global(eu-west)"), "the overflowed request");
+    // The traffic mirror (every other request, to the member gateway): where the copies go
+    // and what became of them, as /admin/status has them once every copy has ended.
+    let mi = &status["mirror"];
+    let o = &mi["outcomes"];
+    let n = |k: &str| o[k].as_u64().unwrap();
+    assert!(n("ok") >= 20, "{mi}");
+    assert_eq!(n("sent"), n("ok"), "every copy answered: {mi}");
+    assert!(
+        dom.contains("id=\"mirror-card\">"),
+        "the mirror card is shown"
+    );
+    let member = fleet.member.as_ref().unwrap().proxy;
+    assert!(
+        dom.contains(&format!("50% → http://{member} as qwen3-8b")),
+        "the mirror's target"
+    );
+    let mirror = |field: &str| {
+        cell(
+            &dom,
+            "id=\"mirror-card\"",
+            &format!("data-field=\"{field}\""),
+        )
+    };
+    let sent = fmt_int(n("sent"));
+    assert_eq!(mirror("sent"), Some(sent.as_str()));
+    let answered = format!("{} ok · 0 http error", fmt_int(n("ok")));
+    assert_eq!(mirror("answered"), Some(answered.as_str()));
+    assert_eq!(mirror("failed"), Some("0 error · 0 timeout"));
+    assert_eq!(mirror("unsent"), Some("0 dropped · 0 expired"));
+    assert_eq!(mirror("queue"), Some("0 waiting · 0 in flight"));
+    let latency = mirror("latency").unwrap();
+    assert!(
+        latency.starts_with("first token ")
+            && latency.contains(" · last byte ")
+            && !latency.contains('–'),
+        "{latency}"
+    );
     // The prefix index figures and the decision service's calls with their latency.
     assert!(
         dom.matches("\">prefix index: ").count() == 4

@@ -9,10 +9,10 @@
 //!   per service the scheduler, prefix index and hit ratios (ceiling, predicted, engine), its
 //!   throttle (queue, slots in use against their limits, refusals by reason, queue waits) and
 //!   its prefill/decode protocol, routes, the routing reasons and decision-service calls, the
-//!   member gateways of global scheduling with their answers by outcome, the config reload
-//!   state, the most recent finished requests and the sampled history (requests, TTFT,
-//!   tokens, in-flight and per-service prefix counters every 5 s for 15 minutes, from
-//!   [`recent::Board`]).
+//!   member gateways of global scheduling with their answers by outcome, traffic mirroring
+//!   (settings, queue, copies by outcome, latency), the config reload state, the most
+//!   recent finished requests and the sampled history (requests, TTFT, tokens, in-flight
+//!   and per-service prefix counters every 5 s for 15 minutes, from [`recent::Board`]).
 //!
 //! With `admin_token` set, `/` and `/admin/status` need it like every admin path: open
 //! `/?token=TOKEN` once; the gateway answers with a redirect to `/` that sets an `HttpOnly`,
@@ -188,11 +188,26 @@ fn sum_by(
     out
 }
 
+/// Sum of a family's values by the label `by`, over all its series.
+fn sum_all_by(rows: &[(BTreeMap<String, String>, f64)], by: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for (l, v) in rows {
+        *out.entry(l.get(by).cloned().unwrap_or_default())
+            .or_insert(0.0) += v;
+    }
+    out
+}
+
 /// `{k: count}` for every `k` of `keys` (0 when absent).
 fn counts(found: &BTreeMap<String, f64>, keys: &[&str]) -> Value {
     Value::Object(
         keys.iter()
-            .map(|k| (k.to_string(), json!(found.get(*k).copied().unwrap_or(0.0) as u64)))
+            .map(|k| {
+                (
+                    k.to_string(),
+                    json!(found.get(*k).copied().unwrap_or(0.0) as u64),
+                )
+            })
             .collect(),
     )
 }
@@ -209,9 +224,7 @@ fn throttle_json(
     let st = t.settings();
     let mut slots: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for i in &s.instances {
-        for (phase, used, limit) in
-            crate::throttle::slot_phases(i.role, &i.load.snapshot(), &st)
-        {
+        for (phase, used, limit) in crate::throttle::slot_phases(i.role, &i.load.snapshot(), &st) {
             let e = slots.entry(phase).or_default();
             e.0 += used;
             e.1 += limit;
@@ -501,6 +514,39 @@ pub fn status_json(shared: &Shared) -> Value {
         "name": rt.hop_name.to_str().unwrap_or_default(),
         "members": members,
     });
+    // Traffic mirroring: the settings (never the token), the queue, copies by outcome and
+    // the answered copies' latency.
+    let mirror_rows = rows(&m.mirror_requests);
+    let mut latency = serde_json::Map::new();
+    for mf in m.mirror_latency.collect() {
+        for x in mf.get_metric() {
+            let phase = x
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "phase")
+                .map(|l| l.value().to_string())
+                .unwrap_or_default();
+            let (n, sum) = (
+                x.get_histogram().sample_count(),
+                x.get_histogram().sample_sum(),
+            );
+            latency.insert(
+                phase,
+                json!({"count": n, "mean_ms": (n > 0).then(|| sum * 1e3 / n as f64)}),
+            );
+        }
+    }
+    let mirror = json!({
+        // null when no `mirror:` block is configured (the counters stay, after a reload)
+        "settings": rt.mirror.as_ref().map(|s| s.view()),
+        "queued": m.mirror_queue.get(),
+        "inflight": m.mirror_inflight.get(),
+        "outcomes": counts(
+            &sum_all_by(&mirror_rows, "outcome"),
+            &["sent", "ok", "http_error", "error", "timeout", "dropped", "expired"],
+        ),
+        "latency": latency,
+    });
     let reload = json!({
         "ok": m.reloads.with_label_values(&["ok"]).get(),
         "errors": m.reloads.with_label_values(&["error"]).get(),
@@ -527,6 +573,7 @@ pub fn status_json(shared: &Shared) -> Value {
         "reasons": reasons.into_iter().map(|(r, v)| json!({"reason": r, "count": v})).collect::<Vec<_>>(),
         "decision_calls": decision_calls,
         "global": global,
+        "mirror": mirror,
         "reload": reload,
         "recent": recent,
         "history": shared.status.history(),

@@ -18,8 +18,10 @@ const MEMBER_ADDR: &str = "MEMBER_ADDR";
 /// service (one instance, one prefill slot, a queue of two); a prefill/decode-disaggregated
 /// service (vLLM's protocol: one prefill, two decode engine-sims, throttled per phase); and
 /// another region's gateway as a global member, which takes what the throttled service
-/// cannot. Every port is 0: the demo starts an engine-sim on a free port for each instance
-/// and provider; the member is a second `tokengate demo` ([`MEMBER_YAML`]).
+/// cannot; and a traffic mirror copying every other planned request to that member gateway
+/// (as the throttled service's model, with its API key). Every port is 0: the demo starts
+/// an engine-sim on a free port for each instance and provider; the member is a second
+/// `tokengate demo` ([`MEMBER_YAML`]).
 pub(crate) const FLEET_YAML: &str = r#"
 listen: ["127.0.0.1:0"]
 admin_listen: "127.0.0.1:0"
@@ -29,6 +31,12 @@ global:
   name: us-east
   members:
     - { name: eu-west, url: "http://MEMBER_ADDR", token: sk-eu-west }
+mirror:
+  target: "http://MEMBER_ADDR"
+  target_model: qwen3-8b
+  ratio: 50
+  auth_token: sk-eu-west
+  timeout_ms: 10000
 services:
   - name: qwen3-0.6b
     scheduler:
@@ -70,8 +78,8 @@ routes:
     decision: { provider: jev, timeout: 2s }
 "#;
 
-/// The member gateway of [`FLEET_YAML`] (region `eu-west`): the throttled service's model on
-/// one engine-sim, behind an API key (the fleet's member token).
+/// The member gateway of [`FLEET_YAML`] (region `eu-west`, also its mirror target): the
+/// throttled service's model on one engine-sim, behind an API key (the fleet's member token).
 pub(crate) const MEMBER_YAML: &str = r#"
 listen: ["127.0.0.1:0"]
 admin_listen: "127.0.0.1:0"
@@ -317,7 +325,9 @@ impl Fleet {
         let (status, _) = within(last).await;
         assert_eq!(status, 200, "the queued request got the slot");
         let t = self.throttle().await;
-        let grew = |p: &str| t.pointer(p).unwrap().as_u64().unwrap() - before.pointer(p).unwrap().as_u64().unwrap();
+        let grew = |p: &str| {
+            t.pointer(p).unwrap().as_u64().unwrap() - before.pointer(p).unwrap().as_u64().unwrap()
+        };
         assert_eq!(grew("/rejections/queue_full"), 1, "{t}");
         assert_eq!(grew("/rejections/queue_timeout"), 2, "{t}");
         assert_eq!(grew("/queue_wait/count"), 3, "{t}");
@@ -366,8 +376,9 @@ impl Fleet {
             .unwrap()
     }
 
-    /// Waits until the load table is idle and the status history has a point that counted
-    /// requests (the sampler closes an interval every 5 s); returns `/admin/status`.
+    /// Waits until the load table is idle, every mirror copy has ended (none queued or in
+    /// flight) and the status history has a point that counted requests (the sampler closes
+    /// an interval every 5 s); returns `/admin/status`.
     pub(crate) async fn settled_status(&self) -> serde_json::Value {
         let deadline = Instant::now() + DEADLINE;
         loop {
@@ -376,7 +387,9 @@ impl Fleet {
                 .as_array()
                 .unwrap()
                 .iter()
-                .all(|i| i["inflight_requests"] == 0 && i["waiting"] == 0);
+                .all(|i| i["inflight_requests"] == 0 && i["waiting"] == 0)
+                && v["mirror"]["queued"] == 0
+                && v["mirror"]["inflight"] == 0;
             let sampled = v["history"]
                 .as_array()
                 .unwrap()

@@ -234,6 +234,7 @@ function render(d) {
   document.getElementById("decision-card").hidden = calls.length === 0;
   renderBars("decisions", calls, "");
   renderGlobal(d.global);
+  renderMirror(d.mirror);
   renderConfig(d, wallOffset);
 }
 
@@ -387,9 +388,35 @@ function renderGlobal(g) {
   document.getElementById("global-name").textContent = g ? `${g.name} → what it cannot take` : "";
   const num = (field, v, bad) => h("td", { class: "num" + (v === 0 ? " zero" : bad ? " errs" : ""), "data-field": field }, fmtInt(v));
   document.querySelector("#members tbody").replaceChildren(...members.map(m => h("tr", { "data-member": m.name },
-    h("td", { class: "id" }, m.name, h("div", { class: "addr" }, m.url)),
+    h("td", { class: "id", title: `${m.name} · ${m.url}` }, m.name, h("div", { class: "addr" }, m.url)),
     h("td", { "data-field": "health" }, m.available ? h("span", { class: "badge up" }, "up") : h("span", { class: "badge down" }, "down")),
     num("ok", m.outcomes.ok), num("refused", m.outcomes.refused), num("error", m.outcomes.error, true), num("cancelled", m.outcomes.cancelled))));
+}
+
+// Traffic mirroring: where the copies go, what became of them, the queue and the answered
+// copies' latency. Shown while configured, and after a reload removed it if it ever sent.
+function renderMirror(mi) {
+  const o = mi ? mi.outcomes : null;
+  const ever = o && Object.values(o).some(v => v > 0);
+  const card = document.getElementById("mirror-card");
+  card.hidden = !mi || (!mi.settings && !ever);
+  if (card.hidden) return;
+  const st = mi.settings;
+  document.getElementById("mirror-name").textContent = st
+    ? `${nf2.format(st.ratio)}% → ${st.target}` + (st.target_model ? ` as ${st.target_model}` : "")
+    : "not configured (counts since start)";
+  const lat = p => mi.latency && mi.latency[p] && mi.latency[p].count ? fmtMs(mi.latency[p].mean_ms) : "–";
+  const facts = [
+    ["sent", "sent", fmtInt(o.sent), false],
+    ["answered", "answered", `${fmtInt(o.ok)} ok · ${fmtInt(o.http_error)} http error`, o.http_error > 0],
+    ["failed", "failed", `${fmtInt(o.error)} error · ${fmtInt(o.timeout)} timeout`, o.error + o.timeout > 0],
+    ["unsent", "not sent", `${fmtInt(o.dropped)} dropped · ${fmtInt(o.expired)} expired`, o.dropped + o.expired > 0],
+    ["queue", "queue", `${fmtInt(mi.queued)} waiting · ${fmtInt(mi.inflight)} in flight`, false],
+    ["latency", "latency (mean)", `first token ${lat("ttft")} · last byte ${lat("total")}`, false],
+  ];
+  const kids = [];
+  for (const [field, k, v, warn] of facts) kids.push(h("dt", {}, k), h("dd", { "data-field": field, class: warn ? "warn" : null }, v));
+  document.getElementById("mirror").replaceChildren(...kids);
 }
 
 function ratio(name, v, color, title) {
