@@ -28,8 +28,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokengate_plugins::Role;
+use tokio::sync::Notify;
 
 /// What happens to a request when no slot is free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
