@@ -331,6 +331,14 @@ const PAGE: &[(&str, &str)] = &[
         "tokengate_global_requests_total",
         "/global/members/0/outcomes/ok",
     ),
+    // The fleet mirrors every other request to the member gateway.
+    ("tokengate_mirror_requests_total", "/mirror/outcomes/ok"),
+    (
+        "tokengate_mirror_latency_seconds",
+        "/mirror/latency/total/mean_ms",
+    ),
+    ("tokengate_mirror_queue_depth", "/mirror/queued"),
+    ("tokengate_mirror_inflight", "/mirror/inflight"),
 ];
 
 /// A fleet after traffic (rounds through every service, and the throttled service
@@ -557,6 +565,8 @@ const MAIN_PANELS: &[&str] = &[
     "Slots in use vs limit",
     "Prefill legs by instance and outcome",
     "Requests to member gateways",
+    "Mirror copies by outcome",
+    "Mirror queue and in flight",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
