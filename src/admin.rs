@@ -12,7 +12,6 @@ use async_trait::async_trait;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use std::sync::Arc;
-use tokengate_plugins::Role;
 
 pub struct Admin {
     pub shared: Arc<Shared>,
@@ -70,30 +69,9 @@ impl Admin {
                     .with_label_values(&[s.name.as_str()])
                     .set(t.queued() as i64);
                 let st = t.settings();
-                let lim = st.limits;
                 for i in &s.instances {
-                    let l = i.load.snapshot();
                     let id = i.id.as_str();
-                    let decoding = l.inflight_requests.saturating_sub(l.waiting);
-                    // A decode node counts its requests from dispatch (waiting for their KV)
-                    // against `decode`; a prefill node only has prefill slots.
-                    let phases = match i.role {
-                        Role::Decode => [
-                            ("prefill", 0, 0),
-                            ("decode", l.inflight_requests, st.decode),
-                            ("total", l.inflight_requests, 0),
-                        ],
-                        Role::Prefill => [
-                            ("prefill", l.waiting, lim.prefill),
-                            ("decode", 0, 0),
-                            ("total", l.inflight_requests, 0),
-                        ],
-                        Role::Integrated => [
-                            ("prefill", l.waiting, lim.prefill),
-                            ("decode", decoding, 0),
-                            ("total", l.inflight_requests, lim.total),
-                        ],
-                    };
+                    let phases = crate::throttle::slot_phases(i.role, &i.load.snapshot(), &st);
                     for (phase, used, limit) in phases {
                         m.slots_in_use
                             .with_label_values(&[id, phase])

@@ -1,9 +1,11 @@
 //! `tokengate demo`: a whole fleet in one process. Starts one engine-sim per instance of the
-//! demo config (model = service name, id = instance id, on the instance's address), then
+//! demo config (model = service name, id = instance id, on the instance's address; the
+//! instances of a prefill/decode-disaggregated service as prefill or decode engines speaking
+//! its `pd.mode`, an SGLang prefill with its bootstrap server on its `bootstrap_port`), then
 //! the gateway, and prints ready-to-paste requests. Ctrl-C stops everything. An instance
 //! address with port 0 gets a free port (used by the tests).
 
-use crate::config::Config;
+use crate::config::{Config, InstanceRole, PdMode};
 use crate::server;
 use anyhow::Context;
 use std::io::Write;
@@ -32,11 +34,25 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
         .context("engine-sim runtime")?;
     let mut handles = Vec::new();
     for s in &mut cfg.services {
+        // A disaggregated service's instances play their part in its protocol.
+        let pd_mode = s.pd.as_ref().map(|p| match p.mode {
+            PdMode::SglangMooncake => engine_sim::PdMode::Sglang,
+            PdMode::VllmNixl => engine_sim::PdMode::Vllm,
+        });
         for i in &mut s.instances {
+            let role = match i.role {
+                None => engine_sim::Role::Integrated,
+                Some(InstanceRole::Prefill) => engine_sim::Role::Prefill,
+                Some(InstanceRole::Decode) => engine_sim::Role::Decode,
+            };
             let sim = engine_sim::SimConfig {
                 id: i.id.clone(),
                 model: s.name.clone(),
                 time_scale: opts.time_scale,
+                role,
+                pd_mode: pd_mode.unwrap_or_default(),
+                // An SGLang prefill serves its bootstrap endpoints on the configured port.
+                bootstrap_port: i.bootstrap_port,
                 ..engine_sim::SimConfig::default()
             };
             let addr = i.addr.clone();
@@ -111,9 +127,17 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
         writeln!(out, "tokengate demo: {} engine-sims", handles.len())?;
         for s in &cfg.services {
             for i in &s.instances {
+                let role = match i.role {
+                    None => String::new(),
+                    Some(InstanceRole::Prefill) => match i.bootstrap_port {
+                        Some(p) => format!(" (prefill, bootstrap port {p})"),
+                        None => " (prefill)".into(),
+                    },
+                    Some(InstanceRole::Decode) => " (decode)".into(),
+                };
                 writeln!(
                     out,
-                    "  engine-sim {:<10} model {:<12} http://{}",
+                    "  engine-sim {:<10} model {:<12} http://{}{role}",
                     i.id, s.name, i.addr
                 )?;
             }

@@ -332,13 +332,16 @@ impl Mirror {
             queued: Instant::now(),
             half,
         };
+        // Counted in the queue before the sender can take it out (the gauge never dips).
+        self.c.queue.inc();
         match self.tx.try_send(job) {
-            Ok(()) => self.c.queue.inc(),
+            Ok(()) => {}
             Err(e) => {
                 let job = match e {
                     mpsc::error::TrySendError::Full(j) | mpsc::error::TrySendError::Closed(j) => j,
                 };
                 self.c.count(Outcome::Dropped);
+                self.c.queue.dec();
                 if let Some(h) = job.half {
                     h.finish(Report::unsent(Outcome::Dropped, job.queued));
                 }
@@ -360,14 +363,19 @@ impl Mirror {
                 return;
             };
             let Some(job) = rx.recv().await else { return };
-            self.c.queue.dec();
+            // Each copy is counted in the queue, in flight or by its outcome at every moment
+            // (the next place first, then the one it leaves), so queue 0 and in flight 0
+            // mean every copy has ended.
             if job.queued.elapsed() > job.settings.timeout {
                 self.c.count(Outcome::Expired);
+                self.c.queue.dec();
                 if let Some(h) = job.half {
                     h.finish(Report::unsent(Outcome::Expired, job.queued));
                 }
                 continue;
             }
+            self.c.inflight.inc();
+            self.c.queue.dec();
             let me = self.clone();
             tokio::spawn(async move {
                 let _slot = slot;
@@ -376,10 +384,9 @@ impl Mirror {
         }
     }
 
-    /// Sends one copy and records how it went.
+    /// Sends one copy (counted in flight by [`Mirror::run`]) and records how it went.
     async fn send(&self, mut job: Job) {
         self.c.sent.inc();
-        self.c.inflight.inc();
         let s = job.settings.clone();
         let body = match &s.target_model {
             Some(m) => api::rewrite_model(&job.body, m).map_or(job.body.clone(), Bytes::from),
@@ -409,7 +416,6 @@ impl Mirror {
             Ok(Ok(())) => Outcome::HttpError,
         };
         let duration = started.elapsed();
-        self.c.inflight.dec();
         self.c.count(outcome);
         if matches!(outcome, Outcome::Ok | Outcome::HttpError) {
             self.c.total.observe(duration.as_secs_f64());
@@ -417,6 +423,7 @@ impl Mirror {
                 self.c.ttft.observe(t.as_secs_f64());
             }
         }
+        self.c.inflight.dec();
         if let Some(h) = job.half.take() {
             h.finish(Report {
                 outcome,

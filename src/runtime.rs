@@ -157,6 +157,8 @@ pub struct Service {
 #[derive(Debug)]
 pub struct Pd {
     pub mode: crate::config::PdMode,
+    /// `pd.decode_policy`.
+    pub decode_policy: tokengate_plugins::LbPolicy,
     /// Balances the decode instances (`pd.decode_policy`).
     pub decode: tokengate_plugins::Pipeline,
     /// The decode picker's request counter (round-robin).
@@ -581,6 +583,7 @@ impl Runtime {
                 throttle,
                 pd: s.pd.as_ref().map(|pd| Pd {
                     mode: pd.mode,
+                    decode_policy: pd.decode_policy,
                     decode: pipelines::decode(pd.decode_policy),
                     turn: std::sync::atomic::AtomicU64::new(0),
                 }),

@@ -22,12 +22,13 @@
 //! got its slot wakes the next. The queue belongs to the service name and survives a config
 //! reload. A waiter that leaves (client gone, timeout) takes itself out of the queue.
 
-use crate::load::{Limits, SlotPool};
+use crate::load::{Limits, LoadSnapshot, SlotPool};
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+use tokengate_plugins::Role;
 use tokio::sync::Notify;
 
 /// What happens to a request when no slot is free.
@@ -156,6 +157,32 @@ impl Throttle {
             id,
             wake,
         })
+    }
+}
+
+/// The throttling phases of an instance, as `tokengate_slots_in_use{instance,phase}` and
+/// `tokengate_slot_limit{instance,phase}` report them: `(phase, in use, limit per instance)`
+/// for `prefill`, `decode` and `total` (limit 0: none). A decode node counts its requests
+/// from dispatch (waiting for their KV) against `decode`; a prefill node only has prefill
+/// slots. With scope `service` the limit is the per-instance figure of the service's pool.
+pub fn slot_phases(role: Role, l: &LoadSnapshot, st: &Settings) -> [(&'static str, u64, u64); 3] {
+    let lim = st.limits;
+    match role {
+        Role::Decode => [
+            ("prefill", 0, 0),
+            ("decode", l.inflight_requests, st.decode),
+            ("total", l.inflight_requests, 0),
+        ],
+        Role::Prefill => [
+            ("prefill", l.waiting, lim.prefill),
+            ("decode", 0, 0),
+            ("total", l.inflight_requests, 0),
+        ],
+        Role::Integrated => [
+            ("prefill", l.waiting, lim.prefill),
+            ("decode", l.inflight_requests.saturating_sub(l.waiting), 0),
+            ("total", l.inflight_requests, lim.total),
+        ],
     }
 }
 

@@ -310,13 +310,44 @@ const PAGE: &[(&str, &str)] = &[
         "tokengate_instance_ejections",
         "/instances/0/health/ejections",
     ),
+    // The fleet's third service (qwen3-8b) is throttled, its fifth instance (mid-1) is that
+    // service's, its sixth (pf-1) a prefill node; one member gateway.
+    (
+        "tokengate_throttle_queue_length",
+        "/services/2/throttle/queued",
+    ),
+    (
+        "tokengate_throttle_queue_wait_seconds",
+        "/services/2/throttle/queue_wait/mean_ms",
+    ),
+    (
+        "tokengate_throttle_rejections_total",
+        "/services/2/throttle/rejections/queue_full",
+    ),
+    ("tokengate_slots_in_use", "/instances/4/slots/prefill"),
+    ("tokengate_slot_limit", "/instances/4/slots/limits/prefill"),
+    ("tokengate_pd_prefill_total", "/instances/5/pd_prefill/ok"),
+    (
+        "tokengate_global_requests_total",
+        "/global/members/0/outcomes/ok",
+    ),
+    // The fleet mirrors every other request to the member gateway.
+    ("tokengate_mirror_requests_total", "/mirror/outcomes/ok"),
+    (
+        "tokengate_mirror_latency_seconds",
+        "/mirror/latency/total/mean_ms",
+    ),
+    ("tokengate_mirror_queue_depth", "/mirror/queued"),
+    ("tokengate_mirror_inflight", "/mirror/inflight"),
 ];
 
-/// A fleet after traffic, with every family of the metrics module exported; its
-/// `/admin/status`.
+/// A fleet after traffic (rounds through every service, and the throttled service
+/// overloaded into its queue, refusals and the member gateway), with every family of the
+/// metrics module exported; its `/admin/status`.
 async fn busy_fleet() -> (Fleet, Exposition, serde_json::Value) {
     let fleet = Fleet::start(FLEET_YAML);
     fleet.drive(6).await;
+    fleet.overload().await;
     let status = fleet.settled_status().await;
     let text = fleet.metrics().await;
     (fleet, parse_metrics(&text), status)
@@ -529,6 +560,13 @@ const MAIN_PANELS: &[&str] = &[
     "Routing decisions by reason",
     "Instances available",
     "Config reloads",
+    "Throttle queue length",
+    "Throttle rejections by reason",
+    "Slots in use vs limit",
+    "Prefill legs by instance and outcome",
+    "Requests to member gateways",
+    "Mirror copies by outcome",
+    "Mirror queue and in flight",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -570,6 +608,8 @@ async fn prometheus_scrapes_the_gateway_and_answers_the_dashboard() {
     let cfg = serde_yaml_ng::to_string(&cfg).unwrap();
     let p = Prom::start(&prom, &cfg);
     let c = reqwest::Client::new();
+    // Throttling refusals and the member gateway's share happen once, while scraped.
+    fleet.overload().await;
 
     let queries: Vec<(String, String)> = dashboard_queries()
         .into_iter()

@@ -1,6 +1,8 @@
 //! The live status page on the admin listener: `/admin/status` and the admin token's cookie
 //! flow through the real binary, and the page itself rendered by a real headless Chromium
-//! (Debian's `chromium`) against `tokengate demo` after a burst of traffic.
+//! (Debian's `chromium`) against `tokengate demo` after a burst of traffic (every other
+//! request mirrored) and an overload of its throttled service (queue, refusals, a member
+//! gateway taking the overflow).
 //!
 //! The browser test skips (with a message) when no Chromium is installed, unless
 //! `TOKENGATE_REQUIRE_BROWSER=1` (set by `.ci/run`), where a missing browser fails. The
@@ -257,7 +259,9 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
     };
     let fleet = Fleet::start(FLEET_YAML);
     let sent = fleet.drive(8).await;
-    assert!(sent >= 40);
+    assert!(sent >= 64);
+    // The throttled service queues, refuses and overflows to the member gateway.
+    fleet.overload().await;
     let status = fleet.settled_status().await;
     let url = fleet.admin_url("/");
 
@@ -289,7 +293,7 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
 
     // Every instance has its row, with the numbers the load table has.
     let instances = status["instances"].as_array().unwrap();
-    assert_eq!(instances.len(), 4);
+    assert_eq!(instances.len(), 8);
     let mut completed_total = 0;
     for i in instances {
         let id = i["id"].as_str().unwrap();
@@ -316,7 +320,27 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
             "{id} healthy"
         );
     }
-    assert!(completed_total >= 32, "completed {completed_total}");
+    assert!(completed_total >= 56, "completed {completed_total}");
+    // Each instance's role, and its throttling slots (in use / limit) when throttled.
+    for (id, role, slots) in [
+        ("small-1", "integrated", "–"),
+        ("mid-1", "integrated", "0/1 prefill"),
+        ("pf-1", "prefill", "0/4 prefill"),
+        ("dc-1", "decode", "0/8 decode"),
+        ("dc-2", "decode", "0/8 decode"),
+    ] {
+        let row = format!("data-instance=\"{id}\"");
+        assert_eq!(
+            cell(&dom, &row, "data-field=\"role\""),
+            Some(role),
+            "role of {id}"
+        );
+        assert_eq!(
+            cell(&dom, &row, "data-field=\"slots\""),
+            Some(slots),
+            "slots of {id}"
+        );
+    }
 
     // KPIs, charts, services, recent requests, routing reasons, config.
     let kpi = |name: &str| {
@@ -326,7 +350,7 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
         let v = dom[i..].find("class=\"value\">").unwrap() + i + 14;
         dom[v..].split('<').next().unwrap().to_string()
     };
-    assert_eq!(kpi("instances"), "4/4");
+    assert_eq!(kpi("instances"), "8/8");
     assert_eq!(kpi("inflight"), "0");
     assert_ne!(kpi("ttft"), "–", "a TTFT from the streamed requests");
     assert_ne!(kpi("rps"), "–");
@@ -346,9 +370,109 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
         assert!(card[j..j + 400].contains('%'), "ceiling ratio of {svc}");
     }
     assert!(dom.contains("data-route=\"qwen3\""), "the route card");
+    // The throttled service's card: its queue (empty again), slots, refusals and waits as
+    // /admin/status has them.
+    let card = |svc: &str| {
+        let i = dom
+            .find(&format!("data-service=\"{svc}\""))
+            .unwrap_or_else(|| panic!("no card for {svc}"));
+        let end = dom[i..].find("</svg>").map_or(dom.len(), |e| i + e);
+        dom[i..end].to_string()
+    };
+    let svc = |name: &str| {
+        status["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let throttled = card("qwen3-8b");
+    let t = &svc("qwen3-8b")["throttle"];
+    assert!(throttled.contains("throttle · queue"), "{throttled}");
+    assert!(throttled.contains("queue <b>0/2</b>"), "{throttled}");
+    assert!(
+        throttled.contains("prefill slots <b>0/1</b>"),
+        "{throttled}"
+    );
+    let refused = format!(
+        "refused <b>{} queue full · {} timed out · 0 at limit</b>",
+        t["rejections"]["queue_full"], t["rejections"]["queue_timeout"]
+    );
+    assert!(throttled.contains(&refused), "{refused} in {throttled}");
+    assert!(
+        throttled.contains(&format!("waited <b>{}× · mean ", t["queue_wait"]["count"])),
+        "{throttled}"
+    );
+    // The disaggregated service: its protocol and the prefill legs by outcome.
+    let pd = card("qwen3-235b");
+    let legs = &svc("qwen3-235b")["pd"]["prefill"];
+    assert!(legs["ok"].as_u64().unwrap() >= 16, "{legs}");
+    assert!(pd.contains("prefill/decode · vllm-nixl"), "{pd}");
+    assert!(pd.contains("1 prefill + 2 decode"), "{pd}");
+    assert!(
+        pd.contains(&format!(
+            "prefill legs <b>{} ok · 0 error · 0 aborted</b>",
+            fmt_int(legs["ok"].as_u64().unwrap())
+        )),
+        "{pd}"
+    );
+    // The member gateway with what it answered; the request it served among the recent ones.
+    assert!(
+        dom.contains("id=\"global-card\">"),
+        "the global card is shown"
+    );
+    let ok = status["global"]["members"][0]["outcomes"]["ok"]
+        .as_u64()
+        .unwrap();
+    assert!(ok >= 1);
+    assert_eq!(
+        cell(&dom, "data-member=\"eu-west\"", "data-field=\"ok\""),
+        Some(fmt_int(ok).as_str())
+    );
+    assert!(dom.contains("us-east → what it cannot take"));
+    assert!(dom.contains("global(eu-west)"), "the overflowed request");
+    // The traffic mirror (every other request, to the member gateway): where the copies go
+    // and what became of them, as /admin/status has them once every copy has ended.
+    let mi = &status["mirror"];
+    let o = &mi["outcomes"];
+    let n = |k: &str| o[k].as_u64().unwrap();
+    assert!(n("ok") >= 20, "{mi}");
+    assert_eq!(n("sent"), n("ok"), "every copy answered: {mi}");
+    assert!(
+        dom.contains("id=\"mirror-card\">"),
+        "the mirror card is shown"
+    );
+    let member = fleet.member.as_ref().unwrap().proxy;
+    assert!(
+        dom.contains(&format!("50% → http://{member} as qwen3-8b")),
+        "the mirror's target"
+    );
+    let mirror = |field: &str| {
+        cell(
+            &dom,
+            "id=\"mirror-card\"",
+            &format!("data-field=\"{field}\""),
+        )
+    };
+    let sent = fmt_int(n("sent"));
+    assert_eq!(mirror("sent"), Some(sent.as_str()));
+    let answered = format!("{} ok · 0 http error", fmt_int(n("ok")));
+    assert_eq!(mirror("answered"), Some(answered.as_str()));
+    assert_eq!(mirror("failed"), Some("0 error · 0 timeout"));
+    assert_eq!(mirror("unsent"), Some("0 dropped · 0 expired"));
+    assert_eq!(mirror("queue"), Some("0 waiting · 0 in flight"));
+    let latency = mirror("latency").unwrap();
+    assert!(
+        latency.starts_with("first token ")
+            && latency.contains(" · last byte ")
+            && !latency.contains('–'),
+        "{latency}"
+    );
     // The prefix index figures and the decision service's calls with their latency.
     assert!(
-        dom.matches("\">prefix index: ").count() == 2
+        dom.matches("\">prefix index: ").count() == 4
             && dom.contains(" nodes · ")
             && dom.contains(" · evicted ")
             && dom.contains(" · trimmed "),

@@ -3,12 +3,16 @@
 //! - `GET /` serves [`assets/index.html`](assets/index.html); `GET /assets/status.css` and
 //!   `/assets/status.js` its style and script (static, embedded in the binary: no build
 //!   step, no CDN, works air-gapped). The script polls `GET /admin/status` every 2 s.
-//! - `GET /admin/status` ([`status_json`]): the fleet (every instance with health, in-flight
-//!   requests and tokens, prefill / decode phase counts, completed / errors), per service the
-//!   scheduler, prefix index and hit ratios (ceiling, predicted, engine), routes, the routing
-//!   reasons and decision-service calls, the config reload state, the most recent finished
-//!   requests and the sampled history (requests, TTFT, tokens, in-flight and per-service
-//!   prefix counters every 5 s for 15 minutes, from [`recent::Board`]).
+//! - `GET /admin/status` ([`status_json`]): the fleet (every instance with health, its role
+//!   — integrated, prefill or decode — in-flight requests and tokens, prefill / decode phase
+//!   counts, throttling slots, completed / errors, a prefill node's prefill legs by outcome),
+//!   per service the scheduler, prefix index and hit ratios (ceiling, predicted, engine), its
+//!   throttle (queue, slots in use against their limits, refusals by reason, queue waits) and
+//!   its prefill/decode protocol, routes, the routing reasons and decision-service calls, the
+//!   member gateways of global scheduling with their answers by outcome, traffic mirroring
+//!   (settings, queue, copies by outcome, latency), the config reload state, the most
+//!   recent finished requests and the sampled history (requests, TTFT, tokens, in-flight
+//!   and per-service prefix counters every 5 s for 15 minutes, from [`recent::Board`]).
 //!
 //! With `admin_token` set, `/` and `/admin/status` need it like every admin path: open
 //! `/?token=TOKEN` once; the gateway answers with a redirect to `/` that sets an `HttpOnly`,
@@ -27,6 +31,7 @@ use recent::{Point, PrefixCounters, SAMPLE_EVERY};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tokengate_plugins::Role;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const STATUS_CSS: &str = include_str!("assets/status.css");
@@ -165,6 +170,97 @@ fn rows(c: &dyn Collector) -> Vec<(BTreeMap<String, String>, f64)> {
     out
 }
 
+/// Sum of a counter family's values over the series whose `key` label is `value`, by the
+/// label `by` (the series are read, never created: a family stays unexported until used).
+fn sum_by(
+    rows: &[(BTreeMap<String, String>, f64)],
+    key: &str,
+    value: &str,
+    by: &str,
+) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for (l, v) in rows {
+        if l.get(key).is_some_and(|x| x == value) {
+            *out.entry(l.get(by).cloned().unwrap_or_default())
+                .or_insert(0.0) += v;
+        }
+    }
+    out
+}
+
+/// Sum of a family's values by the label `by`, over all its series.
+fn sum_all_by(rows: &[(BTreeMap<String, String>, f64)], by: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for (l, v) in rows {
+        *out.entry(l.get(by).cloned().unwrap_or_default())
+            .or_insert(0.0) += v;
+    }
+    out
+}
+
+/// `{k: count}` for every `k` of `keys` (0 when absent).
+fn counts(found: &BTreeMap<String, f64>, keys: &[&str]) -> Value {
+    Value::Object(
+        keys.iter()
+            .map(|k| {
+                (
+                    k.to_string(),
+                    json!(found.get(*k).copied().unwrap_or(0.0) as u64),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// A service's throttle: settings, queue, slots in use against their limits (summed over
+/// its instances, per phase, as the slot metrics count them), refusals by reason and the
+/// queue's waits.
+fn throttle_json(
+    shared: &Shared,
+    s: &crate::runtime::Service,
+    t: &crate::throttle::Throttle,
+    rejections: &[(BTreeMap<String, String>, f64)],
+) -> Value {
+    let st = t.settings();
+    let mut slots: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for i in &s.instances {
+        for (phase, used, limit) in crate::throttle::slot_phases(i.role, &i.load.snapshot(), &st) {
+            let e = slots.entry(phase).or_default();
+            e.0 += used;
+            e.1 += limit;
+        }
+    }
+    let slots: serde_json::Map<String, Value> = slots
+        .into_iter()
+        .map(|(p, (used, limit))| (p.to_string(), json!({"in_use": used, "limit": limit})))
+        .collect();
+    let (mut waited, mut wait_sum) = (0u64, 0.0);
+    for mf in shared.metrics.throttle_queue_wait.collect() {
+        for x in mf.get_metric() {
+            if x.get_label().iter().any(|l| l.value() == s.name) {
+                waited += x.get_histogram().sample_count();
+                wait_sum += x.get_histogram().sample_sum();
+            }
+        }
+    }
+    json!({
+        "overflow": format!("{:?}", st.overflow).to_lowercase(),
+        "scope": format!("{:?}", st.scope).to_lowercase(),
+        "queued": t.queued(),
+        "max_queue": st.max_queue,
+        "queue_timeout_ms": st.queue_timeout.as_millis() as u64,
+        "slots": slots,
+        "rejections": counts(
+            &sum_by(rejections, "service", &s.name, "reason"),
+            &["limit", "queue_full", "queue_timeout"],
+        ),
+        "queue_wait": {
+            "count": waited,
+            "mean_ms": (waited > 0).then(|| wait_sum * 1e3 / waited as f64),
+        },
+    })
+}
+
 /// Per service, the cumulative [`PrefixCounters`].
 fn prefix_counters(shared: &Shared) -> Vec<(String, PrefixCounters)> {
     let m = &shared.metrics;
@@ -253,7 +349,17 @@ pub fn status_json(shared: &Shared) -> Value {
     let m = &shared.metrics;
     let now = now_ms();
     let table = rt.instances_json();
-    let instances = table["instances"].as_array().cloned().unwrap_or_default();
+    let mut instances = table["instances"].as_array().cloned().unwrap_or_default();
+    // Prefill nodes: their prefill legs by outcome.
+    let pd_rows = rows(&m.pd_prefill);
+    const PD_OUTCOMES: [&str; 3] = ["ok", "error", "aborted"];
+    for i in &mut instances {
+        if i["role"] == "prefill" {
+            let id = i["id"].as_str().unwrap_or_default().to_string();
+            i["pd_prefill"] = counts(&sum_by(&pd_rows, "instance", &id, "outcome"), &PD_OUTCOMES);
+        }
+    }
+    let rejections = rows(&m.throttle_rejections);
     let schedulers = table["schedulers"].as_array().cloned().unwrap_or_default();
     let indexes = table["prefix_indexes"]
         .as_array()
@@ -276,10 +382,29 @@ pub fn status_json(shared: &Shared) -> Value {
             let tok = |k| m.tokens.with_label_values(&[s.name.as_str(), k]).get();
             let sched = schedulers.iter().find(|x| x["name"] == s.name.as_str());
             let index = indexes.iter().find(|x| x["service"] == s.name.as_str());
+            let pd = s.pd.as_ref().map(|p| {
+                let mut prefill = BTreeMap::new();
+                for i in s.instances.iter().filter(|i| i.role == Role::Prefill) {
+                    for (o, v) in sum_by(&pd_rows, "instance", &i.id, "outcome") {
+                        *prefill.entry(o).or_insert(0.0) += v;
+                    }
+                }
+                let role = |r| s.instances.iter().filter(|i| i.role == r).count();
+                json!({
+                    "mode": p.mode.as_str(),
+                    "decode_policy": p.decode_policy.as_str(),
+                    "prefill_instances": role(Role::Prefill),
+                    "decode_instances": role(Role::Decode),
+                    "prefill": counts(&prefill, &PD_OUTCOMES),
+                })
+            });
             json!({
                 "name": s.name,
                 "instances": s.instances.len(),
                 "available": available,
+                // null when the service is not throttled / not disaggregated
+                "throttle": s.throttle.as_ref().map(|t| throttle_json(shared, s, t, &rejections)),
+                "pd": pd,
                 "mode": sched.map(|x| x["mode"].clone()),
                 "pipeline": sched.map(|x| x["pipeline"].clone()),
                 // null when the scheduler binds no sessions
@@ -367,6 +492,61 @@ pub fn status_json(shared: &Shared) -> Value {
             })
         })
         .collect();
+    // Member gateways of other regions (global scheduling) with their answers by outcome.
+    let global_rows = rows(&m.global_requests);
+    let members: Vec<Value> = rt
+        .members
+        .iter()
+        .map(|mb| {
+            let e = &mb.endpoint;
+            json!({
+                "name": e.name,
+                "url": format!("{}{}", e.origin(), e.base_path),
+                "available": e.available(now),
+                "outcomes": counts(
+                    &sum_by(&global_rows, "member", &e.name, "outcome"),
+                    &["ok", "refused", "error", "cancelled"],
+                ),
+            })
+        })
+        .collect();
+    let global = json!({
+        "name": rt.hop_name.to_str().unwrap_or_default(),
+        "members": members,
+    });
+    // Traffic mirroring: the settings (never the token), the queue, copies by outcome and
+    // the answered copies' latency.
+    let mirror_rows = rows(&m.mirror_requests);
+    let mut latency = serde_json::Map::new();
+    for mf in m.mirror_latency.collect() {
+        for x in mf.get_metric() {
+            let phase = x
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "phase")
+                .map(|l| l.value().to_string())
+                .unwrap_or_default();
+            let (n, sum) = (
+                x.get_histogram().sample_count(),
+                x.get_histogram().sample_sum(),
+            );
+            latency.insert(
+                phase,
+                json!({"count": n, "mean_ms": (n > 0).then(|| sum * 1e3 / n as f64)}),
+            );
+        }
+    }
+    let mirror = json!({
+        // null when no `mirror:` block is configured (the counters stay, after a reload)
+        "settings": rt.mirror.as_ref().map(|s| s.view()),
+        "queued": m.mirror_queue.get(),
+        "inflight": m.mirror_inflight.get(),
+        "outcomes": counts(
+            &sum_all_by(&mirror_rows, "outcome"),
+            &["sent", "ok", "http_error", "error", "timeout", "dropped", "expired"],
+        ),
+        "latency": latency,
+    });
     let reload = json!({
         "ok": m.reloads.with_label_values(&["ok"]).get(),
         "errors": m.reloads.with_label_values(&["error"]).get(),
@@ -392,6 +572,8 @@ pub fn status_json(shared: &Shared) -> Value {
         "routes": routes,
         "reasons": reasons.into_iter().map(|(r, v)| json!({"reason": r, "count": v})).collect::<Vec<_>>(),
         "decision_calls": decision_calls,
+        "global": global,
+        "mirror": mirror,
         "reload": reload,
         "recent": recent,
         "history": shared.status.history(),

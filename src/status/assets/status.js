@@ -233,7 +233,29 @@ function render(d) {
   const calls = (d.decision_calls || []).map(c => [`${c.route} → ${c.outcome}` + (c.mean_latency_ms === null ? "" : ` · ${fmtMs(c.mean_latency_ms)} mean`), c.count]).sort((a, b) => b[1] - a[1]);
   document.getElementById("decision-card").hidden = calls.length === 0;
   renderBars("decisions", calls, "");
+  renderGlobal(d.global);
+  renderMirror(d.mirror);
   renderConfig(d, wallOffset);
+}
+
+const PHASES = ["prefill", "decode", "total"];
+
+// "1/2 prefill · 0/4 total": the throttling slots of an instance in use against their limits
+// (the phases that have one). null when the instance's service is not throttled.
+function slotsText(sl) {
+  if (!sl) return null;
+  const parts = PHASES.filter(p => sl.limits && sl.limits[p] > 0).map(p => `${fmtInt(sl[p])}/${fmtInt(sl.limits[p])} ${p}`);
+  return parts.length ? parts.join(" · ") : "service pool";
+}
+
+function roleText(i) {
+  if (i.role === "prefill") return "prefill" + (i.bootstrap_port ? ` · bootstrap :${i.bootstrap_port}` : "");
+  return i.role || "integrated";
+}
+
+// One "name value" fact of a service card; value in bold.
+function fact(field, name, value, cls) {
+  return h("span", { "data-field": field, class: cls || null }, name ? name + " " : "", h("b", {}, value));
 }
 
 function renderInstances(inst) {
@@ -247,15 +269,21 @@ function renderInstances(inst) {
     const num = (field, v, fmt) => h("td", { class: "num" + (v === 0 ? " zero" : ""), "data-field": field }, (fmt || fmtInt)(v));
     const e = i.engine;
     const engine = e ? `${fmtInt(e.running)} run · ${fmtInt(e.waiting)} wait · KV ${fmtPct(e.kv_usage)}` : "not scraped";
-    return h("tr", { "data-instance": i.id },
+    const legs = i.pd_prefill;
+    const roleTitle = legs ? `prefill legs: ${fmtInt(legs.ok)} ok · ${fmtInt(legs.error)} error · ${fmtInt(legs.aborted)} aborted` : null;
+    const sl = slotsText(i.slots);
+    const full = i.slots && PHASES.some(p => i.slots.limits && i.slots.limits[p] > 0 && i.slots[p] >= i.slots.limits[p]);
+    return h("tr", { "data-instance": i.id, "data-role": i.role },
       h("td", { class: "id" }, i.id, h("div", { class: "addr" }, i.addr)),
-      h("td", {}, i.service),
+      h("td", {}, i.service, h("div", { class: "role role-" + i.role, "data-field": "role", title: roleTitle }, roleText(i))),
       h("td", { "data-field": "health" }, badge, ejections),
       h("td", { class: "num" + (i.inflight_requests === 0 ? " zero" : ""), "data-field": "inflight_requests" }, fmtInt(i.inflight_requests),
         h("span", { class: "meter" }, h("span", { style: `width:${Math.round(100 * i.inflight_requests / maxIn)}%` }))),
       num("inflight_tokens", i.inflight_tokens, fmtNum),
       num("waiting", i.waiting),
       num("decoding", i.decoding),
+      h("td", { class: "slots" + (sl === null ? " zero" : full ? " full" : ""), "data-field": "slots",
+        title: sl === null ? "not throttled" : sl === "service pool" ? "throttling scope service: the slots are the service's pool (its card)" : "throttling slots in use / limit" }, sl === null ? "–" : sl),
       num("queued_prefill_tokens", i.queued_prefill_tokens, fmtNum),
       num("completed", i.completed),
       h("td", { class: "num" + (i.errors ? " errs" : " zero"), "data-field": "errors" }, fmtInt(i.errors)),
@@ -306,6 +334,8 @@ function renderServices(d, hist, opts) {
         ratio("engine", r.engine, COLORS.green, "since start: cached tokens the engines reported")),
       h("div", { class: "svc-more" }, more.join(" · ")),
       h("div", { class: "svc-more", "data-field": "index", title: index }, index),
+      sv.throttle ? throttleFacts(sv.throttle) : null,
+      sv.pd ? pdFacts(sv.pd, (d.instances || []).filter(i => i.service === sv.name && i.pd_prefill)) : null,
       svg,
       h("div", { class: "pipeline", title: sv.pipeline || "" }, sv.pipeline || ""));
     return [card, svg, hs];
@@ -322,6 +352,71 @@ function renderServices(d, hist, opts) {
       { name: "engine", color: COLORS.green, points: hs.engine },
     ], { ...opts, yMax: 1, yFmt: v => nf0.format(v * 100) + "%", emptyText: "no prompts in the last 30 s" });
   }
+}
+
+// A throttled service: its queue, slots in use against their limits (over its instances),
+// refusals by reason and the queue's waits.
+function throttleFacts(t) {
+  const slots = PHASES.filter(p => t.slots[p] && t.slots[p].limit > 0)
+    .map(p => fact("slots-" + p, p + " slots", `${fmtInt(t.slots[p].in_use)}/${fmtInt(t.slots[p].limit)}`, t.slots[p].in_use >= t.slots[p].limit ? "full" : null));
+  const r = t.rejections;
+  const refused = r.limit + r.queue_full + r.queue_timeout;
+  const w = t.queue_wait;
+  return h("div", { class: "svc-facts", "data-field": "throttle", title: `throttling: overflow ${t.overflow}, scope ${t.scope}, queue_timeout ${fmtMs(t.queue_timeout_ms)}` },
+    h("span", { class: "badge mode" }, "throttle · " + t.overflow),
+    t.overflow === "queue" ? fact("queued", "queue", `${fmtInt(t.queued)}/${fmtInt(t.max_queue)}`, t.queued > 0 ? "busy" : null) : null,
+    ...slots,
+    fact("rejections", "refused", refused === 0 ? "0" : `${fmtInt(r.queue_full)} queue full · ${fmtInt(r.queue_timeout)} timed out · ${fmtInt(r.limit)} at limit`, refused > 0 ? "busy" : null),
+    t.overflow === "queue" ? fact("queue-wait", "waited", w.count ? `${fmtInt(w.count)}× · mean ${fmtMs(w.mean_ms)}` : "0") : null);
+}
+
+// A prefill/decode-disaggregated service: its protocol, its nodes and the prefill legs by
+// outcome (per prefill node when there are several).
+function pdFacts(pd, prefills) {
+  const legs = (name, o) => fact("pd-prefill", name, `${fmtInt(o.ok)} ok · ${fmtInt(o.error)} error · ${fmtInt(o.aborted)} aborted`, o.error + o.aborted > 0 ? "busy" : null);
+  return h("div", { class: "svc-facts", "data-field": "pd" },
+    h("span", { class: "badge mode" }, "prefill/decode · " + pd.mode),
+    fact("pd-nodes", "", `${fmtInt(pd.prefill_instances)} prefill + ${fmtInt(pd.decode_instances)} decode`),
+    fact("pd-policy", "decode by", pd.decode_policy),
+    ...(prefills.length > 1 ? prefills.map(i => legs(i.id + " legs", i.pd_prefill)) : [legs("prefill legs", pd.prefill)]));
+}
+
+// Member gateways of other regions: health and what they answered.
+function renderGlobal(g) {
+  const members = (g && g.members) || [];
+  document.getElementById("global-card").hidden = members.length === 0;
+  document.getElementById("global-name").textContent = g ? `${g.name} → what it cannot take` : "";
+  const num = (field, v, bad) => h("td", { class: "num" + (v === 0 ? " zero" : bad ? " errs" : ""), "data-field": field }, fmtInt(v));
+  document.querySelector("#members tbody").replaceChildren(...members.map(m => h("tr", { "data-member": m.name },
+    h("td", { class: "id", title: `${m.name} · ${m.url}` }, m.name, h("div", { class: "addr" }, m.url)),
+    h("td", { "data-field": "health" }, m.available ? h("span", { class: "badge up" }, "up") : h("span", { class: "badge down" }, "down")),
+    num("ok", m.outcomes.ok), num("refused", m.outcomes.refused), num("error", m.outcomes.error, true), num("cancelled", m.outcomes.cancelled))));
+}
+
+// Traffic mirroring: where the copies go, what became of them, the queue and the answered
+// copies' latency. Shown while configured, and after a reload removed it if it ever sent.
+function renderMirror(mi) {
+  const o = mi ? mi.outcomes : null;
+  const ever = o && Object.values(o).some(v => v > 0);
+  const card = document.getElementById("mirror-card");
+  card.hidden = !mi || (!mi.settings && !ever);
+  if (card.hidden) return;
+  const st = mi.settings;
+  document.getElementById("mirror-name").textContent = st
+    ? `${nf2.format(st.ratio)}% → ${st.target}` + (st.target_model ? ` as ${st.target_model}` : "")
+    : "not configured (counts since start)";
+  const lat = p => mi.latency && mi.latency[p] && mi.latency[p].count ? fmtMs(mi.latency[p].mean_ms) : "–";
+  const facts = [
+    ["sent", "sent", fmtInt(o.sent), false],
+    ["answered", "answered", `${fmtInt(o.ok)} ok · ${fmtInt(o.http_error)} http error`, o.http_error > 0],
+    ["failed", "failed", `${fmtInt(o.error)} error · ${fmtInt(o.timeout)} timeout`, o.error + o.timeout > 0],
+    ["unsent", "not sent", `${fmtInt(o.dropped)} dropped · ${fmtInt(o.expired)} expired`, o.dropped + o.expired > 0],
+    ["queue", "queue", `${fmtInt(mi.queued)} waiting · ${fmtInt(mi.inflight)} in flight`, false],
+    ["latency", "latency (mean)", `first token ${lat("ttft")} · last byte ${lat("total")}`, false],
+  ];
+  const kids = [];
+  for (const [field, k, v, warn] of facts) kids.push(h("dt", {}, k), h("dd", { "data-field": field, class: warn ? "warn" : null }, v));
+  document.getElementById("mirror").replaceChildren(...kids);
 }
 
 function ratio(name, v, color, title) {
