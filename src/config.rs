@@ -275,7 +275,7 @@ pub const DEFAULT_TTFT_TOLERANCE: f64 = 0.5;
 /// Default absolute room, added to [`DEFAULT_TTFT_TOLERANCE`].
 pub const DEFAULT_TTFT_SLACK: Duration = Duration::from_millis(50);
 /// Default `min_hit_ratio` of the prefix layer when it compares predicted TTFTs.
-pub const DEFAULT_COST_MIN_HIT: f64 = 0.2;
+pub const DEFAULT_COST_MIN_HIT: f64 = 0.1;
 
 /// How instances of one service are chosen. Absent: the service's `load_balancing` alone.
 #[derive(Debug, Clone, Deserialize)]
@@ -283,8 +283,9 @@ pub const DEFAULT_COST_MIN_HIT: f64 = 0.2;
 pub enum SchedulerConfig {
     /// Session affinity → prefix cache → load balancing; the first layer that matches routes.
     Layered {
-        /// Layer 1; absent = off.
-        #[serde(default)]
+        /// Layer 1; on by default (soft, escape by predicted TTFT; `enabled: false` turns it
+        /// off). It binds only requests that carry a session header.
+        #[serde(default = "d_affinity")]
         affinity: Option<AffinitySettings>,
         /// Layer 2; on by default (`enabled: false` turns it off).
         #[serde(default)]
@@ -297,6 +298,9 @@ pub enum SchedulerConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AffinitySettings {
+    /// `false` turns the layer off (it is on by default in layered mode).
+    #[serde(default = "d_true")]
+    pub enabled: bool,
     /// `soft` (escape an overloaded instance) or `strict` (always the bound instance).
     #[serde(default)]
     pub mode: AffinityMode,
@@ -320,6 +324,25 @@ pub struct AffinitySettings {
     /// Most bindings kept; the least recently used are evicted.
     #[serde(default = "d_max_entries")]
     pub max_entries: usize,
+}
+
+fn d_affinity() -> Option<AffinitySettings> {
+    Some(AffinitySettings::default())
+}
+
+impl Default for AffinitySettings {
+    fn default() -> Self {
+        AffinitySettings {
+            enabled: true,
+            mode: AffinityMode::default(),
+            headers: d_session_headers(),
+            soft_max_load_ratio: None,
+            ttft_tolerance: None,
+            ttft_slack: None,
+            ttl: d_session_ttl(),
+            max_entries: d_max_entries(),
+        }
+    }
 }
 
 /// The prefix layer. By default an instance holding a prefix is preferred while its
@@ -1569,7 +1592,7 @@ fn validate_pd(si: usize, s: &ServiceConfig, errs: &mut Vec<String>) {
 fn validate_scheduler(sc: &SchedulerConfig, p: &str, errs: &mut Vec<String>) {
     match sc {
         SchedulerConfig::Layered { affinity, prefix } => {
-            if let Some(a) = affinity {
+            if let Some(a) = affinity.as_ref().filter(|a| a.enabled) {
                 if a.headers.is_empty() {
                     errs.push(format!(
                         "{p}.affinity.headers: at least one header is required"

@@ -217,7 +217,7 @@ pub fn service(
             let mut fh = FirstHit::balance(lb).with_cost(cost.clone());
             let mut sources = Vec::new();
             let mut sessions = None;
-            if let Some(a) = affinity {
+            if let Some(a) = affinity.as_ref().filter(|a| a.enabled) {
                 let table = sessions_for(
                     &who,
                     SessionConfig {

@@ -492,6 +492,12 @@ impl Stage for AffinityStage {
     }
 }
 
+/// With cost eligibility, the prefix layer also skips an instance whose in-flight load is
+/// above the average × (1 + this) ...
+pub const COST_LOAD_CAP: f64 = 3.0;
+/// ... or that has more requests waiting for their first token than this.
+pub const COST_WAITING_CAP: u64 = 16;
+
 /// Which candidates the prefix layer may prefer for their cache.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Eligibility {
@@ -501,7 +507,8 @@ pub enum Eligibility {
         load_tolerance: f64,
         waiting_threshold: u64,
     },
-    /// Predicted TTFT within a tolerance of the best candidate's.
+    /// Predicted TTFT within a tolerance of the best candidate's (and under the safety caps
+    /// [`COST_LOAD_CAP`], [`COST_WAITING_CAP`]).
     Cost(CostTolerance),
 }
 
@@ -569,9 +576,13 @@ impl Stage for PrefixStage {
                 }
             }
             Eligibility::Cost(t) => {
+                // The predicted TTFT sees queued prefill work, not what a hot instance's
+                // running batch does to its KV cache: a cap on in-flight load keeps one
+                // instance from taking so much that it evicts the prefixes it was chosen for.
+                let limit = cx.avg_load * (1.0 + COST_LOAD_CAP);
                 if cx.req.explain {
                     cx.notes.push(format!(
-                        "prefix: eligible if est <= best*(1+{})+{}ms={:.0}ms, hit if matched/{prompt_blocks} >= {:.2}, longest match wins (tie: lower load)",
+                        "prefix: eligible if est <= best*(1+{})+{}ms={:.0}ms && load <= avg*(1+{COST_LOAD_CAP})={limit:.1} && waiting <= {COST_WAITING_CAP}, hit if matched/{prompt_blocks} >= {:.2}, longest match wins (tie: lower load)",
                         t.tolerance,
                         t.slack_ms,
                         cx.min_est * (1.0 + t.tolerance) + t.slack_ms,
@@ -579,7 +590,10 @@ impl Stage for PrefixStage {
                     ));
                 }
                 for i in 0..n {
-                    if !cx.cost_eligible(i, &t) {
+                    if !cx.cost_eligible(i, &t)
+                        || cx.rows[i].load as f64 > limit
+                        || cx.cands[i].waiting > COST_WAITING_CAP
+                    {
                         cx.rows[i].ineligible = true;
                     }
                 }
@@ -1067,5 +1081,57 @@ mod tests {
         let cs = [with_queue(0, 500), with_queue(1, 0)];
         let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
         assert_eq!((d.pos, d.reason.as_ref()), (1, "affinity-escape"));
+    }
+
+    #[test]
+    fn the_cost_prefix_layer_skips_a_holder_above_the_load_caps() {
+        let model = Arc::new(CostModel::new(crate::cost::CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 10.0,
+            ..Default::default()
+        }));
+        let loose = CostTolerance {
+            tolerance: 100.0,
+            slack_ms: 1e6,
+        };
+        let p = cost_pipeline(&model, Some(loose));
+        let index = PrefixIndex::default();
+        let prompt: Vec<u64> = (0..32).collect();
+        let m = |cs: &[Candidate]| {
+            index.insert(&prompt, cs[0].key, 0);
+            index.match_prefix(&prompt, 0)
+        };
+        // #0 holds the prompt; its estimate is within any tolerance. Under the caps: a hit.
+        let cs = [
+            cand(0, 3, 3000, 2),
+            cand(1, 1, 1000, 0),
+            cand(2, 1, 1000, 0),
+        ];
+        let pm = m(&cs);
+        let r = RequestView {
+            blocks: &prompt,
+            prefix: Some(&pm),
+            prompt_tokens: 512,
+            block_tokens: 16,
+            ..Default::default()
+        };
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        assert_eq!(d.pos, 0);
+        assert!(d.reason.starts_with("prefix"), "{}", d.reason);
+        // In-flight tokens above the average × (1 + COST_LOAD_CAP): not chosen for its cache
+        // (the balancing layer decides, by predicted TTFT).
+        // (With n candidates one holds at most n × the average: six here.)
+        let mut cs = vec![cand(0, 9, 90_000, 2)];
+        cs.extend((1..6).map(|i| cand(i, 1, 1000, 0)));
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        assert!(!d.reason.starts_with("prefix"), "{}", d.reason);
+        // More than COST_WAITING_CAP requests waiting: the same.
+        let cs = [
+            cand(0, 20, 3000, COST_WAITING_CAP + 1),
+            cand(1, 1, 1000, 0),
+            cand(2, 1, 1000, 0),
+        ];
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        assert!(!d.reason.starts_with("prefix"), "{}", d.reason);
     }
 }
