@@ -276,6 +276,14 @@ pub const DEFAULT_TTFT_TOLERANCE: f64 = 0.5;
 pub const DEFAULT_TTFT_SLACK: Duration = Duration::from_millis(50);
 /// Default `min_hit_ratio` of the prefix layer when it compares predicted TTFTs.
 pub const DEFAULT_COST_MIN_HIT: f64 = 0.1;
+/// The default prefix layer (no `ttft_*`, `load_tolerance` or `waiting_threshold` given):
+/// an instance holding the prefix is preferred while its in-flight load ≤ average × (1 +
+/// this) ...
+pub const DEFAULT_PREFIX_LOAD_TOLERANCE: f64 = 3.0;
+/// ... and at most this many of its requests wait for their first token ...
+pub const DEFAULT_PREFIX_WAITING_THRESHOLD: u64 = 16;
+/// ... for a request with at least this share of its prompt cached there.
+pub const DEFAULT_PREFIX_MIN_HIT: f64 = 0.1;
 
 /// How instances of one service are chosen. Absent: the service's `load_balancing` alone.
 #[derive(Debug, Clone, Deserialize)]

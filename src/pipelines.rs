@@ -18,7 +18,8 @@
 use crate::api::{Api, RequestInfo};
 use crate::config::{
     KeySource, PluginSettings, PolicySettings, SchedulerConfig, ServiceConfig,
-    DEFAULT_COST_MIN_HIT, DEFAULT_TTFT_SLACK, DEFAULT_TTFT_TOLERANCE,
+    DEFAULT_COST_MIN_HIT, DEFAULT_PREFIX_LOAD_TOLERANCE, DEFAULT_PREFIX_MIN_HIT,
+    DEFAULT_PREFIX_WAITING_THRESHOLD, DEFAULT_TTFT_SLACK, DEFAULT_TTFT_TOLERANCE,
 };
 use log::info;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -212,8 +213,11 @@ pub fn service(
             )
         }
         Some(SchedulerConfig::Layered { affinity, prefix }) => {
-            // The layered default balances by predicted TTFT.
-            let lb = s.load_balancing.unwrap_or(LbPolicy::PredictedTtft);
+            // The layered default balances the requests no layer claimed (new sessions whose
+            // prompt is cached nowhere) by in-flight tokens: measured on bench/tail.sh, this
+            // spreads new sessions better than placing each where its own first token comes
+            // soonest (bench/results/tail.md).
+            let lb = s.load_balancing.unwrap_or(LbPolicy::LeastToken);
             let mut fh = FirstHit::balance(lb).with_cost(cost.clone());
             let mut sources = Vec::new();
             let mut sessions = None;
@@ -242,15 +246,26 @@ pub fn service(
             }
             if prefix.enabled {
                 let p = prefix;
-                let (eligibility, min_hit) = if p.fixed_limits() {
+                let (eligibility, min_hit) = if p.ttft_tolerance.is_some() || p.ttft_slack.is_some()
+                {
+                    // Opt-in: preferred while its predicted TTFT is near the best.
+                    let e = Eligibility::Cost(tolerance(p.ttft_tolerance, p.ttft_slack));
+                    (e, DEFAULT_COST_MIN_HIT)
+                } else if p.fixed_limits() {
+                    // The seed's fixed ratios, with its defaults for what is not given.
                     let e = Eligibility::Load {
                         load_tolerance: p.load_tolerance.unwrap_or(0.3),
                         waiting_threshold: p.waiting_threshold.unwrap_or(2),
                     };
                     (e, 0.5)
                 } else {
-                    let e = Eligibility::Cost(tolerance(p.ttft_tolerance, p.ttft_slack));
-                    (e, DEFAULT_COST_MIN_HIT)
+                    // The default: sticky to the instance holding the prefix unless it is far
+                    // above the average load or has a long queue (see DEFAULT_PREFIX_*).
+                    let e = Eligibility::Load {
+                        load_tolerance: DEFAULT_PREFIX_LOAD_TOLERANCE,
+                        waiting_threshold: DEFAULT_PREFIX_WAITING_THRESHOLD,
+                    };
+                    (e, DEFAULT_PREFIX_MIN_HIT)
                 };
                 fh = fh.then(PrefixStage(PrefixLayerConfig {
                     min_hit_ratio: p.min_hit_ratio.unwrap_or(min_hit),

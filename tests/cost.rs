@@ -1,5 +1,6 @@
-//! Predicted-TTFT scheduling through the real binary (issue 12): the default layered
-//! scheduler weighs an instance's queued prefill work against the prefix it holds.
+//! Predicted-TTFT scheduling through the real binary (issue 12): the layered scheduler with
+//! predicted-TTFT eligibility and balancing weighs an instance's queued prefill work against
+//! the prefix it holds.
 
 mod common;
 
@@ -31,10 +32,10 @@ async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
             .unwrap(),
         );
     }
-    // The default layered scheduler: prefix layer comparing predicted TTFTs, balancing by
-    // predicted TTFT.
+    // The layered scheduler with predicted TTFT: prefix layer comparing predicted TTFTs,
+    // balancing by predicted TTFT.
     let gw = GatewayProc::start(&format!(
-        "services:\n  - name: m\n    scheduler: {{mode: layered}}\n{}",
+        "services:\n  - name: m\n    load_balancing: predicted-ttft\n    scheduler: {{mode: layered, prefix: {{ttft_tolerance: 0.5}}}}\n{}",
         sim_instances(&fleet)
     ));
     let c = reqwest::Client::new();
@@ -99,7 +100,7 @@ async fn requests_queued_in_an_engine_by_someone_else_count() {
         );
     }
     let gw = GatewayProc::start(&format!(
-        "services:\n  - name: m\n    scheduler: {{mode: layered}}\n    engine_metrics: {{interval: 50ms}}\n{}",
+        "services:\n  - name: m\n    load_balancing: predicted-ttft\n    scheduler: {{mode: layered, prefix: {{ttft_tolerance: 0.5}}}}\n    engine_metrics: {{interval: 50ms}}\n{}",
         sim_instances(&fleet)
     ));
     // Another client (not this gateway) keeps e1 busy: 1 running + 2 queued in the engine.

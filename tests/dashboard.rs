@@ -331,6 +331,10 @@ const PAGE: &[(&str, &str)] = &[
         "tokengate_global_requests_total",
         "/global/members/0/outcomes/ok",
     ),
+    (
+        "tokengate_split_requests_total",
+        "/split/proxies/1/outcomes/ok",
+    ),
     // The fleet mirrors every other request to the member gateway.
     ("tokengate_mirror_requests_total", "/mirror/outcomes/ok"),
     (

@@ -514,6 +514,21 @@ pub fn status_json(shared: &Shared) -> Value {
         "name": rt.hop_name.to_str().unwrap_or_default(),
         "members": members,
     });
+    // Split proxy: every entry (never its key) with its attempts by outcome.
+    let split_rows = rows(&m.split_requests);
+    let split = rt.split.as_ref().map(|sp| {
+        let mut v = sp.view(now);
+        if let Some(list) = v.get_mut("proxies").and_then(Value::as_array_mut) {
+            for e in list {
+                let name = e["name"].as_str().unwrap_or_default().to_string();
+                e["outcomes"] = counts(
+                    &sum_by(&split_rows, "entry", &name, "outcome"),
+                    &["ok", "refused", "error", "cancelled"],
+                );
+            }
+        }
+        v
+    });
     // Traffic mirroring: the settings (never the token), the queue, copies by outcome and
     // the answered copies' latency.
     let mirror_rows = rows(&m.mirror_requests);
@@ -573,6 +588,7 @@ pub fn status_json(shared: &Shared) -> Value {
         "reasons": reasons.into_iter().map(|(r, v)| json!({"reason": r, "count": v})).collect::<Vec<_>>(),
         "decision_calls": decision_calls,
         "global": global,
+        "split": split,
         "mirror": mirror,
         "reload": reload,
         "recent": recent,

@@ -19,7 +19,8 @@ const MEMBER_ADDR: &str = "MEMBER_ADDR";
 /// service (vLLM's protocol: one prefill, two decode engine-sims, throttled per phase); and
 /// another region's gateway as a global member, which takes what the throttled service
 /// cannot; and a traffic mirror copying every other planned request to that member gateway
-/// (as the throttled service's model, with its API key). Every port is 0: the demo starts
+/// (as the throttled service's model, with its API key); a split proxy sending `gpt*` models
+/// to that member gateway as an external API. Every port is 0: the demo starts
 /// an engine-sim on a free port for each instance and provider; the member is a second
 /// `tokengate demo` ([`MEMBER_YAML`]).
 pub(crate) const FLEET_YAML: &str = r#"
@@ -76,6 +77,11 @@ routes:
         - { kind: session-affinity }
         - { kind: least-inflight }
     decision: { provider: jev, timeout: 2s }
+split:
+  strategy: prefix
+  proxies:
+    - { local: true, prefix: "qwen*" }
+    - { name: partner, address: "http://MEMBER_ADDR/v1", model: qwen3-8b, api_key: sk-eu-west, prefix: "gpt*" }
 "#;
 
 /// The member gateway of [`FLEET_YAML`] (region `eu-west`, also its mirror target): the
@@ -202,6 +208,8 @@ impl Fleet {
                 ("qwen3-235b", false),
                 (THROTTLED, false),
                 ("qwen3", true),
+                // The split proxy's external entry (the member gateway as an external API).
+                ("gpt-4o-mini", false),
             ] {
                 let body = serde_json::json!({
                     "model": model,

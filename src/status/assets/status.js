@@ -234,6 +234,7 @@ function render(d) {
   document.getElementById("decision-card").hidden = calls.length === 0;
   renderBars("decisions", calls, "");
   renderGlobal(d.global);
+  renderSplit(d.split);
   renderMirror(d.mirror);
   renderConfig(d, wallOffset);
 }
@@ -391,6 +392,24 @@ function renderGlobal(g) {
     h("td", { class: "id", title: `${m.name} · ${m.url}` }, m.name, h("div", { class: "addr" }, m.url)),
     h("td", { "data-field": "health" }, m.available ? h("span", { class: "badge up" }, "up") : h("span", { class: "badge down" }, "down")),
     num("ok", m.outcomes.ok), num("refused", m.outcomes.refused), num("error", m.outcomes.error, true), num("cancelled", m.outcomes.cancelled))));
+}
+
+// Split proxy: each entry (local = our own services), how it is chosen, whether it is
+// reachable, and its attempts by outcome.
+function renderSplit(sp) {
+  const entries = (sp && sp.proxies) || [];
+  document.getElementById("split-card").hidden = entries.length === 0;
+  if (entries.length === 0) return;
+  document.getElementById("split-name").textContent = `by ${sp.strategy}`;
+  const num = (field, v, bad) => h("td", { class: "num" + (v === 0 ? " zero" : bad ? " errs" : ""), "data-field": field }, fmtInt(v));
+  const share = e => sp.strategy === "prefix" ? (e.prefix || "–") : `weight ${fmtInt(e.weight || 0)}`;
+  document.querySelector("#split tbody").replaceChildren(...entries.map(e => h("tr", { "data-entry": e.name },
+    h("td", { class: "id", title: e.address ? `${e.name} · ${e.address}` + (e.model ? ` as ${e.model}` : "") : "our own services" },
+      e.name, h("div", { class: "addr" }, e.local ? "our services" : e.address + (e.model ? ` → ${e.model}` : ""))),
+    h("td", { "data-field": "share" }, share(e), " ",
+      !e.enabled ? h("span", { class: "badge down" }, "off")
+        : e.available ? null : h("span", { class: "badge down" }, "unresolved")),
+    num("ok", e.outcomes.ok), num("refused", e.outcomes.refused), num("error", e.outcomes.error, true), num("cancelled", e.outcomes.cancelled))));
 }
 
 // Traffic mirroring: where the copies go, what became of them, the queue and the answered
