@@ -408,6 +408,85 @@ async fn an_entry_over_https_with_a_private_ca_and_one_by_name() {
     assert_eq!(a.reason, "failover(named)");
 }
 
+/// Engine-sims play the external APIs (one over HTTPS with the test CA, one on `localhost` by
+/// name): an engine-sim answers 404 for a model it does not serve, so each 200 proves the
+/// entry's model rewrite; streams, Anthropic requests and a failover on the engine's own 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_sims_play_the_external_apis() {
+    let pki = TestPki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = pki.write_ca(dir.path(), "ca.pem");
+    let partner = sims(1, "partner-large", "partner", 100.0).await;
+    let backup = sims(1, "backup-m", "backup", 100.0).await;
+    let ours = sims(1, "qwen3", "q", 100.0).await;
+    let front = tls_front(&pki, partner[0].addr).await;
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: qwen3\n{}split:\n  strategy: prefix\n  proxies:\n    - {{local: true, prefix: \"qwen*\"}}\n    - {{name: secure, address: \"https://localhost:{}/v1\", model: partner-large, prefix: \"gpt*\", tls: {{ca_file: \"{}\"}}}}\n    - {{name: named, address: \"http://localhost:{}/v1\", model: backup-m, prefix: \"*\"}}\n",
+        sim_instances(&ours),
+        front.port(),
+        ca.display(),
+        backup[0].addr.port()
+    ));
+    let c = reqwest::Client::new();
+    let a = ask(
+        &c,
+        &gw,
+        "/v1/chat/completions",
+        &body("gpt-4o", true),
+        "sse",
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(a.reason, "split(secure)");
+    assert!(a.text.trim_end().ends_with("data: [DONE]"), "{}", a.text);
+    let a = ask(
+        &c,
+        &gw,
+        "/v1/chat/completions",
+        &body("llama-3", false),
+        "echo",
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(a.reason, "split(named)");
+    let anth = serde_json::json!({"model": "gpt-4o", "max_tokens": 3, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let a = ask(&c, &gw, "/v1/messages", &anth, "sse").await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(a.reason, "split(secure)");
+    assert!(a.text.contains("message_stop"), "{}", a.text);
+    let a = ask(
+        &c,
+        &gw,
+        "/v1/chat/completions",
+        &body("qwen3", false),
+        "echo",
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(a.instance, "q1");
+    assert_eq!(partner[0].stats().requests_finished, 2);
+    assert_eq!(backup[0].stats().requests_finished, 1);
+    assert_eq!(ours[0].stats().requests_finished, 1);
+    // The partner engine fails: the request fails over to the named entry, as its model.
+    partner[0].update_faults(|f| {
+        f.error_rate = 1.0;
+        f.error_status = 503;
+    });
+    let a = ask(
+        &c,
+        &gw,
+        "/v1/chat/completions",
+        &body("gpt-4o", false),
+        "echo",
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(a.reason, "failover(named)");
+    assert_eq!(backup[0].stats().requests_finished, 2);
+    gw.wait_idle().await;
+}
+
 #[test]
 fn bad_split_configs_name_their_yaml_path() {
     for (split, want) in [
