@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use engine_sim::{Faults, PdMode, Role, SimConfig, SimHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 async fn sim(id: &str, role: Role, mode: PdMode, f: impl FnOnce(&mut SimConfig)) -> SimHandle {
     let mut c = SimConfig {
@@ -227,17 +227,11 @@ async fn a_failing_prefill_is_retried_on_a_new_pair(mode: PdMode) {
         instances(&ps, &ds)
     ));
     let c = reqwest::Client::new();
-    let started = Instant::now();
     for i in 0..4 {
         let a = ask(&c, &gw, &body(&words(&format!("r{i}-"), 80), true, 4)).await;
         assert_eq!(a.status, 200, "{}", a.text);
         assert_eq!(a.pair, "p2+d1");
     }
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "the decodes of the failed rooms were not aborted: {:?}",
-        started.elapsed()
-    );
     let m = gw.metrics().await;
     let failed = metric(
         &m,
@@ -252,6 +246,8 @@ async fn a_failing_prefill_is_retried_on_a_new_pair(mode: PdMode) {
         s.pd_awaiting_kv == 0 && s.running == 0
     })
     .await;
+    // The decodes of the failed rooms were aborted, none waited out its KV timeout.
+    assert_eq!(ds[0].stats().pd_transfer_timeouts, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,6 +258,18 @@ async fn sglang_failing_prefill_is_retried_on_a_new_pair() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_failing_prefill_is_retried_on_a_new_pair() {
     a_failing_prefill_is_retried_on_a_new_pair(PdMode::Vllm).await;
+}
+
+/// The decode engine holds nothing any more, and no request there waited out its KV
+/// timeout (the gateway aborted it). The engine's 30 s KV timeout is the test deadline's
+/// length: a decode left to it fails this either way.
+async fn decode_ended_without_timeout(d: &SimHandle) {
+    eventually("the decode engine idle", || async {
+        let s = d.stats();
+        s.pd_awaiting_kv == 0 && s.running == 0
+    })
+    .await;
+    assert_eq!(d.stats().pd_transfer_timeouts, 0);
 }
 
 /// Failure paths that cannot be retried end clean: no prefill left (502 in the client's API
@@ -280,23 +288,21 @@ async fn every_failure_path_ends_clean_with_counters_at_zero() {
     let c = reqwest::Client::new();
 
     // A prompt too long for the prefill: its 400 is the answer, at once.
-    let started = Instant::now();
     let a = ask(&c, &gw, &body(&words("long", 3000), true, 4)).await;
     assert_eq!(a.status, 400, "{}", a.text);
     assert!(a.text.contains("prefill instance p1 failed"), "{}", a.text);
     assert!(a.text.contains("maximum context length"), "{}", a.text);
-    assert!(started.elapsed() < Duration::from_secs(10));
     assert_idle(&gw).await;
+    decode_ended_without_timeout(&ds[0]).await;
 
     // The prefill fails with a server error, nothing else to try: a clean 502.
     ps[0].update_faults(|f| {
         f.error_rate = 1.0;
         f.error_status = 503;
     });
-    let started = Instant::now();
     let a = ask(&c, &gw, &body(&words("x", 50), true, 4)).await;
     // The decode waiting for that room was aborted, not left to its 30 s KV timeout.
-    assert!(started.elapsed() < Duration::from_secs(10));
+    decode_ended_without_timeout(&ds[0]).await;
     assert!(
         a.status == 502 || a.status == 503,
         "{} {}",

@@ -289,7 +289,6 @@ async fn abort_drops_a_prefill_queued_or_prefilling() {
     let c = client();
     let port = prefill.addr.port();
     let prompt = text(4, 400);
-    let t0 = Instant::now();
     let slow = spawn_post(
         &c,
         &prefill,
@@ -325,7 +324,6 @@ async fn abort_drops_a_prefill_queued_or_prefilling() {
     let (status, msg) = error_of(within("prefilling", slow).await.unwrap()).await;
     assert_eq!(status, 500);
     assert!(msg.starts_with("Abort request prefilling"), "{msg}");
-    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     let ps = prefill.stats();
     assert_eq!((ps.running, ps.waiting, ps.prefill_phase), (0, 0, 0));
     assert_eq!((ps.kv_usage, ps.pd_kv_pinned), (0.0, 0));

@@ -114,8 +114,13 @@ async fn step_time_grows_with_batch() {
 async fn decode_beside_a_long_prefill(sim: &engine_sim::SimHandle) -> Duration {
     let c = client();
     let a = tokio::spawn(stream_times(c.clone(), sim.url(), "short".into(), 40));
-    // Let the short one start decoding, then send a 4,000-token prompt (16,000 bytes).
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Once the short one is decoding (its prompt prefilled, its first tokens out), send a
+    // 4,000-token prompt (16,000 bytes).
+    eventually(|| {
+        let s = sim.stats();
+        async move { s.running == 1 && s.prefill_phase == 0 && s.generation_tokens > 0 }
+    })
+    .await;
     let (ttft_b, _) = stream_times(c.clone(), sim.url(), text(7, 16_000), 2).await;
     // 4,000 tokens at 10,000 tokens/s: 400 ms of prefill whatever the mode.
     assert!(ttft_b >= Duration::from_millis(400), "{ttft_b:?}");

@@ -163,7 +163,7 @@ where
         if f().await {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await; // ok-sleep: poll interval under a deadline
     }
     panic!("condition not reached within 30 s");
 }
