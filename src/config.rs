@@ -298,6 +298,10 @@ pub enum SchedulerConfig {
         /// Layer 2; on by default (`enabled: false` turns it off).
         #[serde(default)]
         prefix: PrefixSettings,
+        /// Layer 3: requests no earlier layer placed go to the instance holding the fewest
+        /// cached blocks among those with a near-best predicted TTFT.
+        #[serde(default)]
+        least_cached: LeastCachedSettings,
     },
     /// Weighted plugin scoring: Σ weight × normalised score, highest wins.
     Policy(PolicySettings),
@@ -353,16 +357,17 @@ impl Default for AffinitySettings {
     }
 }
 
-/// The prefix layer. By default an instance holding a prefix is preferred while its
-/// predicted TTFT stays within `ttft_tolerance` / `ttft_slack` of the best candidate's; with
-/// `load_tolerance` or `waiting_threshold` set it uses those fixed limits instead.
+/// The prefix layer. By default an instance holding a prefix is preferred unless its load
+/// exceeds `DEFAULT_PREFIX_LOAD_TOLERANCE` / `DEFAULT_PREFIX_WAITING_THRESHOLD`; with
+/// `ttft_tolerance` / `ttft_slack` set, while its predicted TTFT stays within them of the best
+/// candidate's; with `load_tolerance` or `waiting_threshold` set, the seed's fixed limits.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrefixSettings {
     /// `false` turns the layer off.
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// Below this share of the prompt found on an instance, it is a miss (default 0.2, or
+    /// Below this share of the prompt found on an instance, it is a miss (default 0.1, or
     /// 0.5 with the fixed limits).
     #[serde(default)]
     pub min_hit_ratio: Option<f64>,
@@ -388,6 +393,38 @@ impl Default for PrefixSettings {
             min_hit_ratio: None,
             load_tolerance: None,
             waiting_threshold: None,
+            ttft_tolerance: None,
+            ttft_slack: None,
+        }
+    }
+}
+
+/// The least-cached layer (`scheduler.least_cached`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeastCachedSettings {
+    /// `false` turns the layer off (requests no earlier layer placed go to load balancing).
+    #[serde(default = "d_least_cached")]
+    pub enabled: bool,
+    /// Eligible while its predicted TTFT ≤ best × (1 + this) + `ttft_slack` (default 0.5).
+    #[serde(default)]
+    pub ttft_tolerance: Option<f64>,
+    /// See `ttft_tolerance` (default 50ms).
+    #[serde(default, with = "humantime_serde")]
+    pub ttft_slack: Option<Duration>,
+}
+
+fn d_least_cached() -> bool {
+    DEFAULT_LEAST_CACHED
+}
+
+/// Whether the least-cached layer is on when `least_cached` is not given.
+pub const DEFAULT_LEAST_CACHED: bool = false;
+
+impl Default for LeastCachedSettings {
+    fn default() -> Self {
+        LeastCachedSettings {
+            enabled: DEFAULT_LEAST_CACHED,
             ttft_tolerance: None,
             ttft_slack: None,
         }
@@ -441,10 +478,15 @@ pub enum PluginSettings {
         #[serde(default = "d_token_scale")]
         token_scale: f64,
     },
-    /// `best / est`: the predicted time to first token relative to the best candidate's.
+    /// `best / est`: the predicted time to first token relative to the best candidate's; with
+    /// `temperature`, `exp(-(est - best) / temperature)` instead.
     PredictedTtft {
         #[serde(default)]
         weight: Option<f64>,
+        /// How many milliseconds slower make a candidate e (2.718…) times less attractive:
+        /// small differences barely count, large ones dominate. Unset: `best / est`.
+        #[serde(default, with = "humantime_serde")]
+        temperature: Option<Duration>,
     },
     /// Share of the prompt cached on the instance; matches below `min_hit_ratio` score 0.
     PrefixCache {
@@ -482,7 +524,7 @@ impl PluginSettings {
             PluginSettings::SessionAffinity { weight }
             | PluginSettings::LeastInflight { weight }
             | PluginSettings::LeastToken { weight, .. }
-            | PluginSettings::PredictedTtft { weight }
+            | PluginSettings::PredictedTtft { weight, .. }
             | PluginSettings::PrefixCache { weight, .. }
             | PluginSettings::DecisionService { weight } => *weight,
         }
@@ -1599,7 +1641,17 @@ fn validate_pd(si: usize, s: &ServiceConfig, errs: &mut Vec<String>) {
 
 fn validate_scheduler(sc: &SchedulerConfig, p: &str, errs: &mut Vec<String>) {
     match sc {
-        SchedulerConfig::Layered { affinity, prefix } => {
+        SchedulerConfig::Layered {
+            affinity,
+            prefix,
+            least_cached,
+        } => {
+            if least_cached
+                .ttft_tolerance
+                .is_some_and(|t| !(t.is_finite() && t >= 0.0))
+            {
+                errs.push(format!("{p}.least_cached.ttft_tolerance: must be >= 0"));
+            }
             if let Some(a) = affinity.as_ref().filter(|a| a.enabled) {
                 if a.headers.is_empty() {
                     errs.push(format!(
@@ -1705,6 +1757,14 @@ fn validate_policy(ps: &PolicySettings, p: &str, errs: &mut Vec<String>) {
                 if !(0.0..=1.0).contains(min_hit_ratio) =>
             {
                 errs.push(format!("{p}.plugins[{i}].min_hit_ratio: must be in [0, 1]"));
+            }
+            PluginSettings::PredictedTtft {
+                temperature: Some(t),
+                ..
+            } if t.is_zero() => {
+                errs.push(format!(
+                    "{p}.plugins[{i}].temperature: must be longer than 0 (e.g. 100ms)"
+                ));
             }
             _ => {}
         }

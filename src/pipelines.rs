@@ -27,9 +27,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokengate_plugins::{
     AffinityStage, Available, CostModel, CostTolerance, DecisionTarget, Eligibility, Escape,
-    FirstHit, HasFreeSlot, LbPolicy, LeastInflightScorer, LeastTokenScorer, Needs, NotTried,
-    Pipeline, PredictedTtftScorer, PrefixLayerConfig, PrefixScorer, PrefixStage, Role, RoleIs,
-    Scorer, SessionAffinityScorer, SessionConfig, SessionKey, SessionTable, WeightedSum,
+    FirstHit, HasFreeSlot, LbPolicy, LeastCachedStage, LeastInflightScorer, LeastTokenScorer,
+    Needs, NotTried, Pipeline, PredictedTtftScorer, PrefixLayerConfig, PrefixScorer, PrefixStage,
+    Role, RoleIs, Scorer, SessionAffinityScorer, SessionConfig, SessionKey, SessionTable,
+    WeightedSum,
 };
 
 /// The tolerance of a predicted-TTFT rule, from optional settings.
@@ -212,7 +213,11 @@ pub fn service(
                 format!("balance({lb})"),
             )
         }
-        Some(SchedulerConfig::Layered { affinity, prefix }) => {
+        Some(SchedulerConfig::Layered {
+            affinity,
+            prefix,
+            least_cached,
+        }) => {
             // The layered default balances the requests no layer claimed (new sessions whose
             // prompt is cached nowhere) by in-flight tokens: measured on bench/tail.sh, this
             // spreads new sessions better than placing each where its own first token comes
@@ -271,6 +276,12 @@ pub fn service(
                     min_hit_ratio: p.min_hit_ratio.unwrap_or(min_hit),
                     eligibility,
                 }));
+            }
+            if least_cached.enabled {
+                fh = fh.then(LeastCachedStage(tolerance(
+                    least_cached.ttft_tolerance,
+                    least_cached.ttft_slack,
+                )));
             }
             let describe = format!("layered({})", fh.describe());
             Scheduler::new(base_for(fh, role), sources, sessions, describe)
@@ -359,7 +370,10 @@ fn scorer_of(
         PluginSettings::LeastToken { token_scale, .. } => Arc::new(LeastTokenScorer {
             token_scale: *token_scale,
         }),
-        PluginSettings::PredictedTtft { .. } => Arc::new(PredictedTtftScorer::new(cost.clone())),
+        PluginSettings::PredictedTtft { temperature, .. } => Arc::new(
+            PredictedTtftScorer::new(cost.clone())
+                .with_temperature_ms(temperature.map(|t| t.as_secs_f64() * 1000.0)),
+        ),
         PluginSettings::PrefixCache { min_hit_ratio, .. } => Arc::new(PrefixScorer {
             min_hit_ratio: *min_hit_ratio,
         }),

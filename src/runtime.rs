@@ -111,8 +111,15 @@ impl Instance {
         }
     }
 
-    /// The instance as a scheduling candidate; `idx` and `target` are the caller's numbering.
-    pub fn candidate(&self, idx: usize, target: u32, now_ms: u64) -> Candidate {
+    /// The instance as a scheduling candidate; `idx` and `target` are the caller's numbering,
+    /// `index` its service's prefix index (what it is believed to hold).
+    pub fn candidate(
+        &self,
+        idx: usize,
+        target: u32,
+        now_ms: u64,
+        index: &PrefixIndex,
+    ) -> Candidate {
         let s = self.load.snapshot();
         Candidate {
             idx,
@@ -129,6 +136,7 @@ impl Instance {
                 .and_then(|age| self.engine.fresh(now_ms, age)),
             full: (self.limits.prefill > 0 && s.waiting >= self.limits.prefill)
                 || (self.limits.total > 0 && s.inflight_requests >= self.limits.total),
+            cached_blocks: index.held_blocks(self.key),
         }
     }
 }
@@ -171,7 +179,7 @@ impl Service {
     pub fn candidates(&self, now: u64) -> Vec<Candidate> {
         self.instances
             .iter()
-            .map(|i| i.candidate(i.idx, 0, now))
+            .map(|i| i.candidate(i.idx, 0, now, &self.index))
             .collect()
     }
 
@@ -223,7 +231,7 @@ impl Route {
         let mut out = Vec::new();
         for (t, s) in self.targets.iter().enumerate() {
             for i in &s.instances {
-                out.push(i.candidate(out.len(), t as u32, now));
+                out.push(i.candidate(out.len(), t as u32, now, &s.index));
             }
         }
         out
@@ -805,8 +813,8 @@ impl Runtime {
         let list: Vec<serde_json::Value> = self
             .ordered
             .iter()
-            .flat_map(|s| s.instances.iter())
-            .map(|i| {
+            .flat_map(|s| s.instances.iter().map(move |i| (s, i)))
+            .map(|(s, i)| {
                 let l: LoadSnapshot = i.load.snapshot();
                 serde_json::json!({
                     "id": i.id,
@@ -820,6 +828,7 @@ impl Runtime {
                     "inflight_tokens": l.inflight_tokens,
                     "waiting": l.waiting,
                     "queued_prefill_tokens": l.prefill_tokens,
+                    "cached_blocks": s.index.held_blocks(i.key),
                     "slots": i.throttle.as_ref().map(|_| match i.role {
                         // A decode node's slots: its requests from dispatch to completion.
                         Role::Decode => serde_json::json!({

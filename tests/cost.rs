@@ -186,3 +186,81 @@ async fn engine_metrics_in_sglang_names_are_read_too() {
     .await;
     drop(held);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_cached_sends_cold_prompts_to_the_emptiest_cache() {
+    let mut fleet = Vec::new();
+    for i in 1..=3 {
+        fleet.push(
+            engine_sim::spawn_local(engine_sim::SimConfig {
+                id: format!("e{i}"),
+                model: "m".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    // No session affinity (no session headers anyway), the prefix layer, then least-cached.
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    scheduler: {{mode: layered, least_cached: {{enabled: true}}}}\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    let send = |system: String| {
+        let c = c.clone();
+        let url = gw.url("/v1/chat/completions");
+        async move {
+            let r = c
+                .post(url)
+                .json(&chat(&system, "go", false))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let h = |k: &str| r.headers()[k].to_str().unwrap().to_string();
+            let out = (h("x-tokengate-instance"), h("x-tokengate-reason"));
+            r.bytes().await.unwrap();
+            out
+        }
+    };
+    // Three unrelated prompts of different sizes on an idle fleet: each lands on an instance
+    // holding nothing yet (the least-token balancer alone could reuse one: all loads are 0).
+    let (big, r1) = send(words("a", 600)).await;
+    let (small, r2) = send(words("b", 150)).await;
+    let (mid, r3) = send(words("c", 350)).await;
+    for r in [&r1, &r2, &r3] {
+        assert_eq!(r, "least-cached");
+    }
+    let mut used = vec![big.clone(), small.clone(), mid.clone()];
+    used.sort();
+    used.dedup();
+    assert_eq!(used.len(), 3, "one per instance: {big} {small} {mid}");
+    // The index's view of each cache, in /admin/instances.
+    let v = gw.instances().await;
+    let held = |id: &str| {
+        v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["id"] == id)
+            .unwrap()["cached_blocks"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(
+        held(&small) < held(&mid) && held(&mid) < held(&big),
+        "{v:#}"
+    );
+    // A fourth cold prompt: the emptiest cache, the small prompt's instance.
+    let (fourth, r4) = send(words("d", 100)).await;
+    assert_eq!(
+        (fourth.as_str(), r4.as_str()),
+        (small.as_str(), "least-cached")
+    );
+    // A prompt that extends the big one still follows its cache (the prefix layer).
+    let (again, r5) = send(words("a", 600) + "and more").await;
+    assert_eq!(again, big);
+    assert!(r5.starts_with("prefix("), "{r5}");
+    gw.wait_idle().await;
+}

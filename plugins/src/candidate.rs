@@ -53,6 +53,9 @@ pub struct Candidate {
     pub engine: Option<EngineLoad>,
     /// Every throttling slot of the instance is taken (instance-scope limits).
     pub full: bool,
+    /// Blocks the service's prefix index believes the instance holds
+    /// ([`crate::prefix::PrefixIndex::held_blocks`]): how full the gateway thinks its cache is.
+    pub cached_blocks: u64,
 }
 
 /// An engine's own load figures, scraped from its Prometheus metrics.
@@ -80,6 +83,7 @@ impl Default for Candidate {
             prefill_tokens: 0,
             engine: None,
             full: false,
+            cached_blocks: 0,
         }
     }
 }

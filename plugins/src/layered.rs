@@ -632,6 +632,62 @@ impl Stage for PrefixStage {
     }
 }
 
+/// Layer 3 (optional): where a request goes when no instance is preferred for its session or
+/// its cache — a new tenant's first request, a one-shot with an unseen prompt, a session whose
+/// cached instance was too busy. Among the candidates whose predicted TTFT is within the
+/// tolerance of the best, the one the prefix index believes holds the fewest blocks
+/// ([`Candidate::cached_blocks`]); ties: lower load, then a rotation. Whatever lands there
+/// will be cached there, so cold prompts fill the emptiest caches first and the fleet's
+/// caches hold more distinct prefixes between them, rather than whichever instance was
+/// momentarily least loaded taking a hot new tenant next to its other hot ones. Reason
+/// `least-cached`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LeastCachedStage(pub CostTolerance);
+
+impl Stage for LeastCachedStage {
+    fn name(&self) -> &'static str {
+        "least-cached"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs::PREFIX
+    }
+
+    fn uses_cost(&self) -> bool {
+        true
+    }
+
+    fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
+        let n = cx.cands.len();
+        let t = self.0;
+        if cx.req.explain {
+            cx.notes.push(format!(
+                "least-cached: eligible if est <= best*(1+{})+{}ms={:.0}ms, fewest cached blocks wins (tie: lower load)",
+                t.tolerance,
+                t.slack_ms,
+                cx.min_est * (1.0 + t.tolerance) + t.slack_ms,
+            ));
+        }
+        let start = (cx.req.turn % n as u64) as usize;
+        let mut best: Option<usize> = None;
+        for step in 0..n {
+            let i = (start + step) % n;
+            if !cx.cost_eligible(i, &t) {
+                continue;
+            }
+            let key = |j: usize| (cx.cands[j].cached_blocks, cx.rows[j].load);
+            if best.is_none_or(|b| key(i) < key(b)) {
+                best = Some(i);
+            }
+        }
+        best.map(|pos| Hit {
+            pos,
+            layer: Layer::Balance,
+            reason: Cow::Borrowed("least-cached"),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -717,6 +773,48 @@ mod tests {
             blocks: b,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn least_cached_sends_a_cold_prompt_to_the_emptiest_cache_that_is_not_far_slower() {
+        let fh = FirstHit::balance(LbPolicy::LeastToken)
+            .then(PrefixStage::default())
+            .then(LeastCachedStage(CostTolerance {
+                tolerance: 0.5,
+                slack_ms: 50.0,
+            }));
+        let p = Pipeline::new(fh);
+        let pick = |cs: &[Candidate]| {
+            // 1,000 uncached tokens: 125 ms at the prior 8,000 tokens/s (+ a 20 ms step).
+            let r = RequestView {
+                blocks: &[1, 2, 3],
+                prompt_tokens: 1000,
+                block_tokens: 16,
+                explain: true,
+                ..Default::default()
+            };
+            p.pick(&r, cs, &mut StdRng::seed_from_u64(0)).unwrap()
+        };
+        let mut cs = idle(3);
+        for (c, held) in cs.iter_mut().zip([100, 10, 50]) {
+            c.cached_blocks = held;
+        }
+        cs[2].inflight_tokens = 1; // least-token would pick 0 or 1 by rotation, never by cache
+        let d = pick(&cs);
+        assert_eq!((d.idx, d.reason.as_ref()), (1, "least-cached"));
+        // Instance 1 has 1,000 ms of prefill queued: far above the best (145 ms): not eligible.
+        cs[1].prefill_tokens = 8000;
+        let d = pick(&cs);
+        assert_eq!(d.idx, 2, "{d:?}");
+        // Equal caches: the lower load.
+        cs[0].cached_blocks = 50;
+        cs[0].inflight_tokens = 5;
+        assert_eq!(pick(&cs).idx, 2);
+        cs[2].inflight_tokens = 9;
+        assert_eq!(pick(&cs).idx, 0);
+        // 60 ms queued on the emptiest (1) keeps it within 145 × 1.5 + 50 ms: still preferred.
+        cs[1].prefill_tokens = 480;
+        assert_eq!(pick(&cs).idx, 1);
     }
 
     #[test]

@@ -261,6 +261,9 @@ pub struct PrefixIndex {
     shards: Box<[RwLock<Node>]>,
     ttl_secs: AtomicU64,
     c: Counters,
+    /// Blocks each instance holds by this index (Σ edge lengths of the nodes listing it): the
+    /// size of its part of the tree, kept in step with every holder added or removed.
+    held: RwLock<HashMap<InstanceKey, AtomicI64>>,
 }
 
 impl Default for PrefixIndex {
@@ -294,6 +297,44 @@ impl PrefixIndex {
             shards: (0..n).map(|_| RwLock::new(Node::default())).collect(),
             ttl_secs: AtomicU64::new(cfg.ttl_ms.div_ceil(1000)),
             c: Counters::default(),
+            held: RwLock::default(),
+        }
+    }
+
+    /// Blocks `key` holds by this index: what the gateway believes is in that instance's
+    /// cache (dispatched prompts, less what expired, was evicted from the index or was
+    /// trimmed after the engine reported less).
+    pub fn held_blocks(&self, key: InstanceKey) -> u64 {
+        self.held
+            .read()
+            .get(&key)
+            .map_or(0, |b| b.load(Relaxed).max(0) as u64)
+    }
+
+    fn add_held(&self, key: InstanceKey, blocks: i64) {
+        if blocks == 0 {
+            return;
+        }
+        if let Some(b) = self.held.read().get(&key) {
+            b.fetch_add(blocks, Relaxed);
+            return;
+        }
+        self.held
+            .write()
+            .entry(key)
+            .or_default()
+            .fetch_add(blocks, Relaxed);
+    }
+
+    /// Takes every holder of `n` and its subtree off the per-instance counts (the subtree is
+    /// being removed).
+    fn release_subtree(&self, n: &Node) {
+        let mut stack = vec![n];
+        while let Some(n) = stack.pop() {
+            for h in &n.holders {
+                self.add_held(h.key, -(n.hashes.len() as i64));
+            }
+            stack.extend(n.children.values());
         }
     }
 
@@ -415,6 +456,7 @@ impl PrefixIndex {
                         children: HashMap::default(),
                     };
                     self.c.add(1, leaf.hashes.len() as i64, leaf.cost());
+                    self.add_held(key, leaf.hashes.len() as i64);
                     v.insert(leaf);
                     return;
                 }
@@ -431,6 +473,7 @@ impl PrefixIndex {
                         None => {
                             child.holders.push(Holder::new(key, now));
                             self.c.add(0, 0, HOLDER_BYTES);
+                            self.add_held(key, child.hashes.len() as i64);
                         }
                     }
                     pos += m;
@@ -476,14 +519,21 @@ impl PrefixIndex {
                 let parent: &Vec<Holder> = holders;
                 children.retain(|_, c| {
                     let before = c.holders.len();
+                    let len = c.hashes.len() as i64;
                     c.holders.retain(|h| {
-                        keep_holder(h) && (is_root || parent.iter().any(|p| p.key == h.key))
+                        let keep =
+                            keep_holder(h) && (is_root || parent.iter().any(|p| p.key == h.key));
+                        if !keep {
+                            self.add_held(h.key, -len);
+                        }
+                        keep
                     });
                     let dropped = (before - c.holders.len()) as i64;
                     if dropped > 0 {
                         self.c.add(0, 0, -dropped * HOLDER_BYTES);
                     }
                     if c.holders.is_empty() || !keep_node(c) {
+                        self.release_subtree(c);
                         let t = Totals::of(c);
                         removed.add(t);
                         self.c.add(-t.nodes, -t.blocks, -t.bytes);
@@ -554,6 +604,7 @@ impl PrefixIndex {
             if let Some(i) = n.holders.iter().position(|h| h.key == key) {
                 n.holders.swap_remove(i);
                 self.c.add(0, 0, -HOLDER_BYTES);
+                self.add_held(key, -(n.hashes.len() as i64));
                 blocks += n.hashes.len() as u64;
             }
             if first_node {
@@ -565,6 +616,7 @@ impl PrefixIndex {
             }
             n.children.retain(|_, c| {
                 if c.holders.len() == 1 && c.holders[0].key == key {
+                    self.release_subtree(c);
                     let t = Totals::of(c);
                     blocks += t.blocks as u64;
                     self.c.add(-t.nodes, -t.blocks, -t.bytes);
@@ -577,6 +629,7 @@ impl PrefixIndex {
         }
         if top_empty {
             if let Some(t) = node.children.remove(&hashes[pos]) {
+                self.release_subtree(&t);
                 let t = Totals::of(&t);
                 self.c.add(-t.nodes, -t.blocks, -t.bytes);
             }
@@ -690,6 +743,7 @@ impl PrefixIndex {
     /// invariants (tests and debugging; takes every shard's read lock in turn).
     pub fn audit(&self) -> Result<(u64, u64, u64), String> {
         let mut t = Totals::default();
+        let mut held: HashMap<InstanceKey, i64> = HashMap::new();
         for shard in self.shards.iter() {
             let root = shard.read();
             let mut stack: Vec<(&Node, Option<&Node>)> =
@@ -702,6 +756,9 @@ impl PrefixIndex {
                 });
                 if n.hashes.is_empty() || n.holders.is_empty() {
                     return Err("empty edge or holder list".into());
+                }
+                for h in &n.holders {
+                    *held.entry(h.key).or_default() += n.hashes.len() as i64;
                 }
                 if let Some(p) = parent {
                     for h in &n.holders {
@@ -721,6 +778,18 @@ impl PrefixIndex {
                     stack.push((c, Some(n)));
                 }
             }
+        }
+        for (k, b) in self.held.read().iter() {
+            let want = held.get(k).copied().unwrap_or(0);
+            if b.load(Relaxed) != want {
+                return Err(format!(
+                    "{k:?} counted {} blocks, holds {want}",
+                    b.load(Relaxed)
+                ));
+            }
+        }
+        if let Some(k) = held.keys().find(|k| !self.held.read().contains_key(k)) {
+            return Err(format!("{k:?} holds blocks but is not counted"));
         }
         Ok((t.nodes as u64, t.blocks as u64, t.bytes as u64))
     }
@@ -817,6 +886,34 @@ mod tests {
         assert_eq!(ix.gauges().nodes, 0);
         assert_eq!(ix.gauges().bytes, 0);
         assert_eq!(ix.gauges().expired_nodes, 2);
+    }
+
+    #[test]
+    fn held_blocks_follow_every_insert_split_trim_sweep_and_removal() {
+        let ix = idx(); // ttl 50 s
+        ix.insert(&seq(1..9), k(1), 0); // k1: 8
+        ix.insert(&seq(1..5), k(2), 0); // splits the edge; k2: 4
+        ix.insert(&seq(100..110), k(2), 0); // k2: 14
+        ix.insert(&seq(1..9), k(1), 0); // a refresh adds nothing
+        assert_eq!((ix.held_blocks(k(1)), ix.held_blocks(k(2))), (8, 14));
+        assert_eq!(ix.held_blocks(k(3)), 0);
+        check(&ix);
+        // The engine k1 reported only 2 cached blocks of 1..9: it lost the other 6.
+        assert_eq!(ix.trim(&seq(1..9), k(1), 2), 6);
+        assert_eq!(ix.held_blocks(k(1)), 2);
+        check(&ix);
+        // k2's 100..110 goes stale; k1 refreshed 1..3 at 40 s.
+        ix.touch(&seq(1..3), k(1), 40_000);
+        ix.touch(&seq(1..5), k(2), 40_000);
+        ix.sweep_expired(60_000);
+        assert_eq!((ix.held_blocks(k(1)), ix.held_blocks(k(2))), (2, 4));
+        check(&ix);
+        ix.remove_instance(k(2));
+        assert_eq!((ix.held_blocks(k(1)), ix.held_blocks(k(2))), (2, 0));
+        check(&ix);
+        ix.evict_to(0);
+        assert_eq!(ix.held_blocks(k(1)), 0);
+        check(&ix);
     }
 
     #[test]

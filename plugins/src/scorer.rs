@@ -174,15 +174,28 @@ impl Scorer for PrefixScorer {
 }
 
 /// Predicted time to first token ([`crate::cost`]): `best / est` — 1 for the candidate with
-/// the lowest prediction, less for slower ones (a candidate twice as slow scores 0.5).
+/// the lowest prediction, less for slower ones (a candidate twice as slow scores 0.5). With a
+/// temperature `t` (ms): `exp(-(est - best) / t)` — the same 1 for the best, but a difference
+/// counts by its size in milliseconds rather than as a ratio, so 20 ms between two idle
+/// instances hardly matters while 500 ms behind a queue outweighs the other plugins.
 #[derive(Debug, Clone)]
 pub struct PredictedTtftScorer {
     model: Arc<CostModel>,
+    temperature_ms: Option<f64>,
 }
 
 impl PredictedTtftScorer {
     pub fn new(model: Arc<CostModel>) -> Self {
-        PredictedTtftScorer { model }
+        PredictedTtftScorer {
+            model,
+            temperature_ms: None,
+        }
+    }
+
+    /// Scores by `exp(-(est - best) / t)` (`t` in ms, > 0) instead of `best / est`.
+    pub fn with_temperature_ms(mut self, t: Option<f64>) -> Self {
+        self.temperature_ms = t.filter(|t| t.is_finite() && *t > 0.0);
+        self
     }
 }
 
@@ -198,7 +211,11 @@ impl Scorer for PredictedTtftScorer {
         self.model.estimate_all(req, cands, &mut est);
         let best = est.iter().map(|e| e.ms).fold(f64::INFINITY, f64::min);
         for (o, e) in out.iter_mut().zip(&est) {
-            *o = if e.ms > 0.0 { best / e.ms } else { 1.0 };
+            *o = match self.temperature_ms {
+                Some(t) => (-(e.ms - best) / t).exp(),
+                None if e.ms > 0.0 => best / e.ms,
+                None => 1.0,
+            };
         }
     }
 }
@@ -257,6 +274,49 @@ mod tests {
         let mut z = vec![0.0; 5];
         sc.score(&RequestView::default(), &cs, &mut z);
         assert!(z.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn predicted_ttft_scores_a_ratio_or_with_a_temperature_milliseconds() {
+        use crate::cost::CostConfig;
+        // 1000 tokens/s and a 10 ms step: queues of 0, 90 and 490 tokens estimate 20, 110
+        // and 510 ms for a 10-token prompt.
+        let model = Arc::new(CostModel::new(CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 10.0,
+            ..CostConfig::default()
+        }));
+        let mut cs = cands(3);
+        cs[1].prefill_tokens = 90;
+        cs[2].prefill_tokens = 490;
+        let req = RequestView {
+            prompt_tokens: 10,
+            block_tokens: 16,
+            ..Default::default()
+        };
+        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9);
+        let mut out = vec![0.0; 3];
+        PredictedTtftScorer::new(model.clone()).score(&req, &cs, &mut out);
+        assert!(close(&out, &[1.0, 20.0 / 110.0, 20.0 / 510.0]), "{out:?}");
+        let warm = PredictedTtftScorer::new(model.clone()).with_temperature_ms(Some(100.0));
+        warm.score(&req, &cs, &mut out);
+        assert!(
+            close(&out, &[1.0, (-0.9f64).exp(), (-4.9f64).exp()]),
+            "{out:?}"
+        );
+        // The same 90 ms gap between slower candidates: a ratio barely tells them apart
+        // (0.82), the temperature still does (e^-0.9 = 0.41).
+        cs[0].prefill_tokens = 1000;
+        cs[1].prefill_tokens = 1090;
+        cs[2].prefill_tokens = 2000;
+        PredictedTtftScorer::new(model.clone()).score(&req, &cs, &mut out);
+        assert!((out[1] - 1020.0 / 1110.0).abs() < 1e-9);
+        warm.score(&req, &cs, &mut out);
+        assert!((out[1] - (-0.9f64).exp()).abs() < 1e-9);
+        // A temperature of 0 or NaN is ignored (the ratio).
+        let cold = PredictedTtftScorer::new(model).with_temperature_ms(Some(0.0));
+        cold.score(&req, &cs, &mut out);
+        assert!((out[1] - 1020.0 / 1110.0).abs() < 1e-9);
     }
 
     #[test]
