@@ -123,7 +123,8 @@ pd_instances_yaml() {
 
 # tokengate in front of the fleet, proxy and admin listeners on port 0 (it prints both
 # addresses); $1 = the service's YAML body (load_balancing / scheduler lines, indented 4);
-# $2 (optional) = its instances: block (default: the ENGINES integrated engines e1…).
+# $2 (optional) = its instances: block (default: the ENGINES integrated engines e1…);
+# $3 (optional) = top-level keys (e.g. cost_model), not indented.
 # Sets GW_PID, GW_URL, GW_ADMIN; the config is $WORK/gw.yaml.
 GW_PID=; GW_URL=; GW_ADMIN=
 start_tokengate() {
@@ -132,6 +133,7 @@ start_tokengate() {
     echo 'admin_listen: "127.0.0.1:0"'
     echo 'threads: 2'
     echo "prefix_index: { block_size: $BLOCK_SIZE }"
+    if [ -n "${3:-}" ]; then printf '%s\n' "$3"; fi
     echo 'services:'
     echo "  - name: $MODEL"
     printf '%s\n' "$1"

@@ -22,7 +22,8 @@
 # A tokengate config is the file bench/tail/<name>.yaml: the service's load_balancing /
 # scheduler keys (indented as at the top level; the script puts them into the service). Any
 # name with such a file works in CONFIGS without editing this script (its first
-# "# label: …" line names the row). Also accepted: smg-<policy> (e.g. smg-power-of-two →
+# "# label: …" line names the row; lines after a "# top-level:" line go to the gateway's top
+# level, e.g. cost_model). Also accepted: smg-<policy> (e.g. smg-power-of-two →
 # smg --policy power_of_two) and direct-rr (the client round-robins over the engines).
 #
 # Defaults and why (2 cores shared by the load generator, the router and the engines; the
@@ -146,7 +147,9 @@ run_one() { # $1 = load, $2 = seed, $3 = config
   local target=() kind; kind=$(kind_of "$name")
   case $kind in
     tg)
-      start_tokengate "$(sed 's/^/    /' "bench/tail/$name.yaml")"
+      # Lines after a "# top-level:" line are gateway-wide keys (e.g. cost_model).
+      start_tokengate "$(sed '/^# top-level:/,$d; s/^/    /' "bench/tail/$name.yaml")" "" \
+        "$(sed -n '/^# top-level:/,${/^# top-level:/d;p}' "bench/tail/$name.yaml")"
       cp "$WORK/gw.yaml" "$dir/gateway.yaml"
       target=(--url "$GW_URL");;
     smg)
