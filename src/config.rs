@@ -280,8 +280,10 @@ pub const DEFAULT_COST_MIN_HIT: f64 = 0.1;
 /// an instance holding the prefix is preferred while its in-flight load ≤ average × (1 +
 /// this) ...
 pub const DEFAULT_PREFIX_LOAD_TOLERANCE: f64 = 3.0;
-/// ... and at most this many of its requests wait for their first token ...
-pub const DEFAULT_PREFIX_WAITING_THRESHOLD: u64 = 16;
+/// ... and at most this many of its requests wait for their first token (the cap that binds:
+/// with 4 instances or fewer none can exceed 4 × the average load; 4 waiting ≈ the prefill of
+/// a tenant's prompt elsewhere on the agentic benchmark, `bench/results/tail-explore.md`) ...
+pub const DEFAULT_PREFIX_WAITING_THRESHOLD: u64 = 4;
 /// ... for a request with at least this share of its prompt cached there.
 pub const DEFAULT_PREFIX_MIN_HIT: f64 = 0.1;
 
