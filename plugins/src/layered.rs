@@ -18,7 +18,10 @@
 //!    waiting ≤ `waiting_threshold` (default 2). The eligible candidate with the longest
 //!    match wins (ties: lower load, then a rotation by `turn`) if its ratio ≥ `min_hit_ratio`
 //!    (default 0.50); otherwise it is a miss. Reason `prefix(0.83)`.
-//! 3. **Load balancing**: [`balance::pick`] with the picker's policy. Always routes.
+//! 3. **Least cached** (optional, [`LeastCachedStage`]): among the candidates with a near-best
+//!    predicted TTFT, the one the prefix index believes holds the fewest blocks. Reason
+//!    `least-cached`.
+//! 4. **Load balancing**: [`balance::pick`] with the picker's policy. Always routes.
 //!
 //! A stage is read-only while deciding; the gateway reports the dispatch
 //! ([`Picker::on_dispatch`]: affinity binds the session) and the completion
