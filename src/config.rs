@@ -2024,6 +2024,48 @@ mod tests {
     }
 
     #[test]
+    fn least_cached_and_the_ttft_temperature_are_parsed_and_checked() {
+        let y = "services:\n  - name: m\n    scheduler: {mode: layered, least_cached: {enabled: true, ttft_tolerance: 1.0, ttft_slack: 20ms}}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n  - name: p\n    scheduler: {mode: policy, plugins: [{kind: predicted-ttft, temperature: 250ms}]}\n    instances:\n      - {id: b, addr: 127.0.0.1:8001}\n";
+        let c = Config::from_yaml(y).unwrap();
+        let Some(SchedulerConfig::Layered { least_cached, .. }) = &c.services[0].scheduler else {
+            panic!("layered expected")
+        };
+        assert!(least_cached.enabled);
+        assert_eq!(least_cached.ttft_tolerance, Some(1.0));
+        assert_eq!(least_cached.ttft_slack, Some(Duration::from_millis(20)));
+        let Some(SchedulerConfig::Policy(ps)) = &c.services[1].scheduler else {
+            panic!("policy expected")
+        };
+        assert!(matches!(
+            ps.plugins[0],
+            PluginSettings::PredictedTtft { temperature: Some(t), .. } if t == Duration::from_millis(250)
+        ));
+        // Off unless asked for.
+        let plain = Config::from_yaml(&y.replace(
+            "least_cached: {enabled: true, ttft_tolerance: 1.0, ttft_slack: 20ms}",
+            "prefix: {}",
+        ))
+        .unwrap();
+        let Some(SchedulerConfig::Layered { least_cached, .. }) = &plain.services[0].scheduler
+        else {
+            panic!("layered expected")
+        };
+        assert!(!least_cached.enabled);
+        let bad = y
+            .replace("ttft_tolerance: 1.0", "ttft_tolerance: -1")
+            .replace("temperature: 250ms", "temperature: 0s");
+        let e = Config::from_yaml(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("services[0].scheduler.least_cached.ttft_tolerance: must be >= 0"),
+            "{e}"
+        );
+        assert!(
+            e.contains("services[1].scheduler.plugins[0].temperature: must be longer than 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn plugin_parameters_are_typed_and_checked() {
         let y = "services:\n  - name: m\n    scheduler:\n      mode: policy\n      plugins:\n        - {kind: least-token, token_scale: 500, weight: 2}\n        - {kind: prefix-cache, min_hit_ratio: 0.2}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n";
         let c = Config::from_yaml(y).unwrap();
