@@ -477,20 +477,38 @@ async fn all_instances_down_is_a_clean_502_then_503() {
         "services:\n  - name: m\n{}",
         sim_instances(&fleet)
     ));
-    let mut codes = Vec::new();
-    for stream in [false, true, false, true, false] {
-        let r = post(&gw, chat_body("m", 300, stream)).send().await.unwrap();
-        let code = r.status().as_u16();
-        let v = json_error(r, code).await;
-        match code {
-            502 => assert_eq!(v["error"]["code"], "upstream_error", "{v}"),
-            503 => assert_eq!(v["error"]["code"], "no_healthy_upstream", "{v}"),
-            other => panic!("unexpected {other}: {v}"),
+    let send = |stream: bool| {
+        let gw = &gw;
+        async move {
+            let r = post(gw, chat_body("m", 300, stream)).send().await.unwrap();
+            let code = r.status().as_u16();
+            let v = json_error(r, code).await;
+            match code {
+                502 => assert_eq!(v["error"]["code"], "upstream_error", "{v}"),
+                503 => assert_eq!(v["error"]["code"], "no_healthy_upstream", "{v}"),
+                other => panic!("unexpected {other}: {v}"),
+            }
+            code
         }
-        codes.push(code);
+    };
+    let mut codes = Vec::new();
+    for stream in [false, true, false] {
+        codes.push(send(stream).await);
     }
-    // Each request tried both instances; after 3 such requests both are ejected and the
-    // gateway answers 503 at once.
+    // Each request tried both instances; after 3 such requests both are ejected. The third
+    // failure is recorded when the gateway finishes the request, which may be just after the
+    // client read its 502: wait for it before asking again.
+    eventually("both instances to be ejected", || async {
+        let v = gw.instances().await;
+        ["e1", "e2"]
+            .iter()
+            .all(|id| instance(&v, id)["health"]["ejected"] == true)
+    })
+    .await;
+    for stream in [true, false] {
+        codes.push(send(stream).await);
+    }
+    // Then the gateway answers 503 at once.
     assert_eq!(codes, vec![502, 502, 502, 503, 503]);
     let v = gw.wait_idle().await;
     for id in ["e1", "e2"] {
