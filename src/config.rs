@@ -421,7 +421,7 @@ fn d_least_cached() -> bool {
 }
 
 /// Whether the least-cached layer is on when `least_cached` is not given.
-pub const DEFAULT_LEAST_CACHED: bool = false;
+pub const DEFAULT_LEAST_CACHED: bool = true;
 
 impl Default for LeastCachedSettings {
     fn default() -> Self {
@@ -2040,17 +2040,22 @@ mod tests {
             ps.plugins[0],
             PluginSettings::PredictedTtft { temperature: Some(t), .. } if t == Duration::from_millis(250)
         ));
-        // Off unless asked for.
-        let plain = Config::from_yaml(&y.replace(
-            "least_cached: {enabled: true, ttft_tolerance: 1.0, ttft_slack: 20ms}",
-            "prefix: {}",
-        ))
-        .unwrap();
-        let Some(SchedulerConfig::Layered { least_cached, .. }) = &plain.services[0].scheduler
-        else {
-            panic!("layered expected")
-        };
-        assert!(!least_cached.enabled);
+        // On unless turned off.
+        for (with, on) in [
+            ("prefix: {}", true),
+            ("least_cached: {enabled: false}", false),
+        ] {
+            let plain = Config::from_yaml(&y.replace(
+                "least_cached: {enabled: true, ttft_tolerance: 1.0, ttft_slack: 20ms}",
+                with,
+            ))
+            .unwrap();
+            let Some(SchedulerConfig::Layered { least_cached, .. }) = &plain.services[0].scheduler
+            else {
+                panic!("layered expected")
+            };
+            assert_eq!(least_cached.enabled, on, "{with}");
+        }
         let bad = y
             .replace("ttft_tolerance: 1.0", "ttft_tolerance: -1")
             .replace("temperature: 250ms", "temperature: 0s");

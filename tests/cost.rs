@@ -33,9 +33,9 @@ async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
         );
     }
     // The layered scheduler with predicted TTFT: prefix layer comparing predicted TTFTs,
-    // balancing by predicted TTFT.
+    // balancing by predicted TTFT (no least-cached layer: this tests the balancer).
     let gw = GatewayProc::start(&format!(
-        "services:\n  - name: m\n    load_balancing: predicted-ttft\n    scheduler: {{mode: layered, prefix: {{ttft_tolerance: 0.5}}}}\n{}",
+        "services:\n  - name: m\n    load_balancing: predicted-ttft\n    scheduler: {{mode: layered, prefix: {{ttft_tolerance: 0.5}}, least_cached: {{enabled: false}}}}\n{}",
         sim_instances(&fleet)
     ));
     let c = reqwest::Client::new();
@@ -100,7 +100,7 @@ async fn requests_queued_in_an_engine_by_someone_else_count() {
         );
     }
     let gw = GatewayProc::start(&format!(
-        "services:\n  - name: m\n    load_balancing: predicted-ttft\n    scheduler: {{mode: layered, prefix: {{ttft_tolerance: 0.5}}}}\n    engine_metrics: {{interval: 50ms}}\n{}",
+        "services:\n  - name: m\n    load_balancing: predicted-ttft\n    scheduler: {{mode: layered, prefix: {{ttft_tolerance: 0.5}}, least_cached: {{enabled: false}}}}\n    engine_metrics: {{interval: 50ms}}\n{}",
         sim_instances(&fleet)
     ));
     // Another client (not this gateway) keeps e1 busy: 1 running + 2 queued in the engine.
@@ -203,7 +203,7 @@ async fn least_cached_sends_cold_prompts_to_the_emptiest_cache() {
     }
     // No session affinity (no session headers anyway), the prefix layer, then least-cached.
     let gw = GatewayProc::start(&format!(
-        "services:\n  - name: m\n    scheduler: {{mode: layered, least_cached: {{enabled: true}}}}\n{}",
+        "services:\n  - name: m\n    scheduler: {{mode: layered}}\n{}",
         sim_instances(&fleet)
     ));
     let c = reqwest::Client::new();

@@ -60,7 +60,8 @@ async fn sessions_stick_and_claude_code_sessions_are_recognised() {
             let why = reason(&r);
             r.bytes().await.unwrap();
             if round == 0 {
-                assert_eq!(why, "least-request", "new session {s}");
+                // Unbound, no cached prefix: the least-cached layer (on by default).
+                assert_eq!(why, "least-cached", "new session {s}");
                 bound.insert(s, i);
             } else {
                 assert_eq!(why, "affinity", "{s} round {round}");
@@ -68,12 +69,12 @@ async fn sessions_stick_and_claude_code_sessions_are_recognised() {
             }
         }
     }
-    // Sessions were spread by load when they bound: all four instances got some.
+    // Sessions were spread over the emptiest caches when they bound: all four instances got some.
     let used: std::collections::HashSet<_> = bound.values().collect();
     assert_eq!(used.len(), 4, "{bound:?}");
-    // No session header: load balancing.
+    // No session header: the layers below affinity.
     let r = post(&c, &gw, &chat("sys", "anon", 2, false), &[]).await;
-    assert_eq!(reason(&r), "least-request");
+    assert_eq!(reason(&r), "least-cached");
     gw.wait_idle().await;
     let m = gw.metrics().await;
     assert_eq!(
@@ -221,8 +222,10 @@ async fn shared_prefixes_go_where_they_are_cached_and_raise_engine_hits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overloaded_prefix_holder_is_not_preferred() {
     let fleet = sims(2, "m", "e", 1.0).await;
+    // The seed's fixed limits, least_cached off: that layer compares predicted TTFTs, and the
+    // holder's (a cached prompt) is far below the other's, so it would take the request back.
     let gw = GatewayProc::start(&format!(
-        "services:\n  - name: m\n    load_balancing: least-request\n    scheduler:\n      mode: layered\n      prefix: {{load_tolerance: 0.3}}\n{}",
+        "services:\n  - name: m\n    load_balancing: least-request\n    scheduler:\n      mode: layered\n      prefix: {{load_tolerance: 0.3}}\n      least_cached: {{enabled: false}}\n{}",
         sim_instances(&fleet)
     ));
     let c = reqwest::Client::new();
@@ -259,7 +262,7 @@ async fn a_low_hit_ratio_is_a_miss() {
     // Same system prompt but a user message as long again: ~50 % match < 0.9.
     let long_user = family_prompt(3);
     let r = post(&c, &gw, &chat(&sys, &long_user, 1, false), &[]).await;
-    assert_eq!(reason(&r), "round-robin");
+    assert_eq!(reason(&r), "least-cached");
     // An exact repeat is a 100 % match.
     let r = post(&c, &gw, &chat(&sys, "x", 1, false), &[]).await;
     assert!(reason(&r).starts_with("prefix(1.00"), "{}", reason(&r));
