@@ -481,7 +481,9 @@ pub enum PluginSettings {
         token_scale: f64,
     },
     /// `best / est`: the predicted time to first token relative to the best candidate's; with
-    /// `temperature`, `exp(-(est - best) / temperature)` instead.
+    /// `temperature`, `exp(-(est - best) / temperature)` instead. With `tolerance` / `slack`,
+    /// every candidate within best × (1 + tolerance) + slack scores 1 and that limit takes
+    /// the place of `best` beyond it.
     PredictedTtft {
         #[serde(default)]
         weight: Option<f64>,
@@ -489,13 +491,29 @@ pub enum PluginSettings {
         /// small differences barely count, large ones dominate. Unset: `best / est`.
         #[serde(default, with = "humantime_serde")]
         temperature: Option<Duration>,
+        /// Room above the best estimate in which candidates tie (score 1), as a share of it
+        /// (e.g. 0.5). Unset (and no `slack`): no room.
+        #[serde(default)]
+        tolerance: Option<f64>,
+        /// Absolute room added to `tolerance` (e.g. 50ms).
+        #[serde(default, with = "humantime_serde")]
+        slack: Option<Duration>,
     },
-    /// Share of the prompt cached on the instance; matches below `min_hit_ratio` score 0.
+    /// `2^-r`, `r` = how many candidates hold fewer cached blocks (by the prefix index).
+    LeastCached {
+        #[serde(default)]
+        weight: Option<f64>,
+    },
+    /// Share of the prompt cached on the instance; matches below `min_hit_ratio` score 0, and
+    /// so does an instance with more than `max_waiting` requests waiting for their first token.
     PrefixCache {
         #[serde(default)]
         weight: Option<f64>,
         #[serde(default = "d_min_hit")]
         min_hit_ratio: f64,
+        /// Unset: no limit.
+        #[serde(default)]
+        max_waiting: Option<u64>,
     },
     /// Routes only: ask the route's decision model which target fits; its answer restricts
     /// the candidates to that target (a filter, so it has no weight).
@@ -515,6 +533,7 @@ impl PluginSettings {
             PluginSettings::LeastInflight { .. } => "least-inflight",
             PluginSettings::LeastToken { .. } => "least-token",
             PluginSettings::PredictedTtft { .. } => "predicted-ttft",
+            PluginSettings::LeastCached { .. } => "least-cached",
             PluginSettings::PrefixCache { .. } => "prefix-cache",
             PluginSettings::DecisionService { .. } => "decision-service",
         }
@@ -527,6 +546,7 @@ impl PluginSettings {
             | PluginSettings::LeastInflight { weight }
             | PluginSettings::LeastToken { weight, .. }
             | PluginSettings::PredictedTtft { weight, .. }
+            | PluginSettings::LeastCached { weight }
             | PluginSettings::PrefixCache { weight, .. }
             | PluginSettings::DecisionService { weight } => *weight,
         }
@@ -1761,12 +1781,22 @@ fn validate_policy(ps: &PolicySettings, p: &str, errs: &mut Vec<String>) {
                 errs.push(format!("{p}.plugins[{i}].min_hit_ratio: must be in [0, 1]"));
             }
             PluginSettings::PredictedTtft {
-                temperature: Some(t),
+                temperature,
+                tolerance,
                 ..
-            } if t.is_zero() => {
-                errs.push(format!(
-                    "{p}.plugins[{i}].temperature: must be longer than 0 (e.g. 100ms)"
-                ));
+            } => {
+                if temperature.is_some_and(|t| t.is_zero()) {
+                    errs.push(format!(
+                        "{p}.plugins[{i}].temperature: must be longer than 0 (e.g. 100ms)"
+                    ));
+                }
+                if let Some(t) = tolerance {
+                    if !(t.is_finite() && *t >= 0.0) {
+                        errs.push(format!(
+                            "{p}.plugins[{i}].tolerance: must be a number >= 0 (e.g. 0.5)"
+                        ));
+                    }
+                }
             }
             _ => {}
         }
@@ -2002,7 +2032,7 @@ mod tests {
             ),
             (
                 "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: fastest}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
-                "unknown variant `fastest`, expected one of `session-affinity`, `least-inflight`, `least-token`, `predicted-ttft`, `prefix-cache`, `decision-service`",
+                "unknown variant `fastest`, expected one of `session-affinity`, `least-inflight`, `least-token`, `predicted-ttft`, `least-cached`, `prefix-cache`, `decision-service`",
             ),
             (
                 "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: least-inflight, token_scale: 5}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
@@ -2025,7 +2055,7 @@ mod tests {
 
     #[test]
     fn least_cached_and_the_ttft_temperature_are_parsed_and_checked() {
-        let y = "services:\n  - name: m\n    scheduler: {mode: layered, least_cached: {enabled: true, ttft_tolerance: 1.0, ttft_slack: 20ms}}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n  - name: p\n    scheduler: {mode: policy, plugins: [{kind: predicted-ttft, temperature: 250ms}]}\n    instances:\n      - {id: b, addr: 127.0.0.1:8001}\n";
+        let y = "services:\n  - name: m\n    scheduler: {mode: layered, least_cached: {enabled: true, ttft_tolerance: 1.0, ttft_slack: 20ms}}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n  - name: p\n    scheduler: {mode: policy, plugins: [{kind: predicted-ttft, temperature: 250ms, tolerance: 0.5, slack: 50ms}, {kind: least-cached, weight: 0.25}]}\n    instances:\n      - {id: b, addr: 127.0.0.1:8001}\n";
         let c = Config::from_yaml(y).unwrap();
         let Some(SchedulerConfig::Layered { least_cached, .. }) = &c.services[0].scheduler else {
             panic!("layered expected")
@@ -2038,8 +2068,11 @@ mod tests {
         };
         assert!(matches!(
             ps.plugins[0],
-            PluginSettings::PredictedTtft { temperature: Some(t), .. } if t == Duration::from_millis(250)
+            PluginSettings::PredictedTtft { temperature: Some(t), tolerance: Some(tol), slack: Some(sl), .. }
+                if t == Duration::from_millis(250) && tol == 0.5 && sl == Duration::from_millis(50)
         ));
+        assert_eq!(ps.plugins[1].kind(), "least-cached");
+        assert_eq!(ps.plugins[1].weight(), Some(0.25));
         // On unless turned off.
         for (with, on) in [
             ("prefix: {}", true),
@@ -2058,7 +2091,8 @@ mod tests {
         }
         let bad = y
             .replace("ttft_tolerance: 1.0", "ttft_tolerance: -1")
-            .replace("temperature: 250ms", "temperature: 0s");
+            .replace("temperature: 250ms", "temperature: 0s")
+            .replace("tolerance: 0.5", "tolerance: -0.5");
         let e = Config::from_yaml(&bad).unwrap_err().to_string();
         assert!(
             e.contains("services[0].scheduler.least_cached.ttft_tolerance: must be >= 0"),
@@ -2066,6 +2100,10 @@ mod tests {
         );
         assert!(
             e.contains("services[1].scheduler.plugins[0].temperature: must be longer than 0"),
+            "{e}"
+        );
+        assert!(
+            e.contains("services[1].scheduler.plugins[0].tolerance: must be a number >= 0"),
             "{e}"
         );
     }
@@ -2083,7 +2121,7 @@ mod tests {
         ));
         assert!(matches!(
             ps.plugins[1],
-            PluginSettings::PrefixCache { weight: None, min_hit_ratio } if min_hit_ratio == 0.2
+            PluginSettings::PrefixCache { weight: None, min_hit_ratio, max_waiting: None } if min_hit_ratio == 0.2
         ));
         assert_eq!(ps.session_max_entries, 100_000);
         let bad = y

@@ -27,10 +27,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokengate_plugins::{
     AffinityStage, Available, CostModel, CostTolerance, DecisionTarget, Eligibility, Escape,
-    FirstHit, HasFreeSlot, LbPolicy, LeastCachedStage, LeastInflightScorer, LeastTokenScorer,
-    Needs, NotTried, Pipeline, PredictedTtftScorer, PrefixLayerConfig, PrefixScorer, PrefixStage,
-    Role, RoleIs, Scorer, SessionAffinityScorer, SessionConfig, SessionKey, SessionTable,
-    WeightedSum,
+    FirstHit, HasFreeSlot, LbPolicy, LeastCachedScorer, LeastCachedStage, LeastInflightScorer,
+    LeastTokenScorer, Needs, NotTried, Pipeline, PredictedTtftScorer, PrefixLayerConfig,
+    PrefixScorer, PrefixStage, Role, RoleIs, Scorer, SessionAffinityScorer, SessionConfig,
+    SessionKey, SessionTable, WeightedSum,
 };
 
 /// The tolerance of a predicted-TTFT rule, from optional settings.
@@ -370,12 +370,29 @@ fn scorer_of(
         PluginSettings::LeastToken { token_scale, .. } => Arc::new(LeastTokenScorer {
             token_scale: *token_scale,
         }),
-        PluginSettings::PredictedTtft { temperature, .. } => Arc::new(
+        PluginSettings::PredictedTtft {
+            temperature,
+            tolerance,
+            slack,
+            ..
+        } => Arc::new(
             PredictedTtftScorer::new(cost.clone())
-                .with_temperature_ms(temperature.map(|t| t.as_secs_f64() * 1000.0)),
+                .with_temperature_ms(temperature.map(|t| t.as_secs_f64() * 1000.0))
+                .with_room((tolerance.is_some() || slack.is_some()).then(|| {
+                    (
+                        tolerance.unwrap_or(0.0),
+                        slack.map_or(0.0, |s| s.as_secs_f64() * 1000.0),
+                    )
+                })),
         ),
-        PluginSettings::PrefixCache { min_hit_ratio, .. } => Arc::new(PrefixScorer {
+        PluginSettings::LeastCached { .. } => Arc::new(LeastCachedScorer),
+        PluginSettings::PrefixCache {
+            min_hit_ratio,
+            max_waiting,
+            ..
+        } => Arc::new(PrefixScorer {
             min_hit_ratio: *min_hit_ratio,
+            max_waiting: *max_waiting,
         }),
         PluginSettings::DecisionService { .. } => return None,
     })

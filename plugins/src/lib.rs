@@ -51,8 +51,8 @@ pub use policy::{PolicyError, WeightedSum};
 pub use prefix::{IndexGauges, PrefixIndex, PrefixIndexConfig, PrefixMatch};
 pub use route::WeightedTargets;
 pub use scorer::{
-    LeastInflightScorer, LeastTokenScorer, PredictedTtftScorer, PrefixScorer, Scorer,
-    SessionAffinityScorer,
+    LeastCachedScorer, LeastInflightScorer, LeastTokenScorer, PredictedTtftScorer, PrefixScorer,
+    Scorer, SessionAffinityScorer,
 };
 pub use session::{SessionConfig, SessionGauges, SessionTable};
 

@@ -143,14 +143,22 @@ impl Scorer for LeastTokenScorer {
 /// prompt starts with the same short system prompt, the first instance that served one
 /// would hold a tiny match on every request, score 1.0 against everyone else's 0, and win
 /// every request however loaded it is (seen on the Mooncake trace: 7 of 8 engines idle).
+///
+/// With `max_waiting`, a candidate with more requests waiting for their first token scores 0
+/// too (the layered prefix layer's `waiting_threshold`): a hot prefix's holder stops pulling
+/// new requests to itself once it has a queue, and the other plugins spread them.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefixScorer {
     pub min_hit_ratio: f64,
+    pub max_waiting: Option<u64>,
 }
 
 impl Default for PrefixScorer {
     fn default() -> Self {
-        PrefixScorer { min_hit_ratio: 0.5 }
+        PrefixScorer {
+            min_hit_ratio: 0.5,
+            max_waiting: None,
+        }
     }
 }
 
@@ -168,7 +176,12 @@ impl Scorer for PrefixScorer {
         }
         for (o, c) in out.iter_mut().zip(cands) {
             let r = m.ratio(c.key);
-            *o = if r >= self.min_hit_ratio { r } else { 0.0 };
+            let queued = self.max_waiting.is_some_and(|w| c.waiting > w);
+            *o = if r >= self.min_hit_ratio && !queued {
+                r
+            } else {
+                0.0
+            };
         }
     }
 }
@@ -178,10 +191,17 @@ impl Scorer for PrefixScorer {
 /// temperature `t` (ms): `exp(-(est - best) / t)` — the same 1 for the best, but a difference
 /// counts by its size in milliseconds rather than as a ratio, so 20 ms between two idle
 /// instances hardly matters while 500 ms behind a queue outweighs the other plugins.
+///
+/// With a room (`tolerance`, `slack_ms`): every candidate whose estimate ≤ `limit` = best ×
+/// (1 + tolerance) + slack scores 1, and the shapes above apply beyond it with `limit` in place
+/// of `best` (`limit / est`, or `exp(-(est - limit) / t)`). Near-best candidates then tie on
+/// this plugin and the other plugins (affinity, prefix, least-cached) choose among them — "stay
+/// with the cache unless it is clearly slower", as the layered mode's TTFT tolerance does.
 #[derive(Debug, Clone)]
 pub struct PredictedTtftScorer {
     model: Arc<CostModel>,
     temperature_ms: Option<f64>,
+    room: Option<(f64, f64)>,
 }
 
 impl PredictedTtftScorer {
@@ -189,12 +209,21 @@ impl PredictedTtftScorer {
         PredictedTtftScorer {
             model,
             temperature_ms: None,
+            room: None,
         }
     }
 
     /// Scores by `exp(-(est - best) / t)` (`t` in ms, > 0) instead of `best / est`.
     pub fn with_temperature_ms(mut self, t: Option<f64>) -> Self {
         self.temperature_ms = t.filter(|t| t.is_finite() && *t > 0.0);
+        self
+    }
+
+    /// Scores 1 up to best × (1 + `tolerance`) + `slack_ms` (both ≥ 0; negative or NaN count
+    /// as 0). `None`: no room.
+    pub fn with_room(mut self, room: Option<(f64, f64)>) -> Self {
+        let ok = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        self.room = room.map(|(t, s)| (ok(t), ok(s)));
         self
     }
 }
@@ -210,12 +239,47 @@ impl Scorer for PredictedTtftScorer {
         let mut est = vec![Estimate::default(); cands.len()];
         self.model.estimate_all(req, cands, &mut est);
         let best = est.iter().map(|e| e.ms).fold(f64::INFINITY, f64::min);
+        let limit = match self.room {
+            Some((tolerance, slack)) => best * (1.0 + tolerance) + slack,
+            None => best,
+        };
         for (o, e) in out.iter_mut().zip(&est) {
-            *o = match self.temperature_ms {
-                Some(t) => (-(e.ms - best) / t).exp(),
-                None if e.ms > 0.0 => best / e.ms,
-                None => 1.0,
+            *o = if e.ms <= limit {
+                1.0
+            } else {
+                match self.temperature_ms {
+                    Some(t) => (-(e.ms - limit) / t).exp(),
+                    // e.ms > limit ≥ 0 here.
+                    None => limit / e.ms,
+                }
             };
+        }
+    }
+}
+
+/// Least cached: `2^-r` where `r` is the number of candidates the prefix index believes hold
+/// fewer blocks ([`Candidate::cached_blocks`]): the emptiest cache scores 1, equal caches
+/// score the same. Policy mode's counterpart of the layered mode's least-cached layer: with a
+/// small weight it decides where a prompt no instance holds goes (a new tenant, a one-shot),
+/// so that cold prompts fill the emptiest caches; the affinity and prefix plugins outweigh it
+/// for a prompt that is cached somewhere.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LeastCachedScorer;
+
+impl Scorer for LeastCachedScorer {
+    fn name(&self) -> &'static str {
+        "least-cached"
+    }
+    fn needs(&self) -> Needs {
+        Needs::PREFIX
+    }
+    fn score(&self, _req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
+        for (o, c) in out.iter_mut().zip(cands) {
+            let fewer = cands
+                .iter()
+                .filter(|d| d.cached_blocks < c.cached_blocks)
+                .count();
+            *o = 0.5f64.powi(fewer.min(1000) as i32);
         }
     }
 }
@@ -320,6 +384,57 @@ mod tests {
     }
 
     #[test]
+    fn predicted_ttft_with_a_room_ties_the_near_best_and_decays_beyond() {
+        use crate::cost::CostConfig;
+        // Estimates 20, 110 and 510 ms (as above).
+        let model = Arc::new(CostModel::new(CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 10.0,
+            ..CostConfig::default()
+        }));
+        let mut cs = cands(3);
+        cs[1].prefill_tokens = 90;
+        cs[2].prefill_tokens = 490;
+        let req = RequestView {
+            prompt_tokens: 10,
+            block_tokens: 16,
+            ..Default::default()
+        };
+        let mut out = vec![0.0; 3];
+        // Limit 20 × 1.5 + 100 = 130 ms: the first two tie, the third scores 130 / 510.
+        let roomy = PredictedTtftScorer::new(model.clone()).with_room(Some((0.5, 100.0)));
+        roomy.score(&req, &cs, &mut out);
+        assert_eq!(&out[..2], &[1.0, 1.0]);
+        assert!((out[2] - 130.0 / 510.0).abs() < 1e-9, "{out:?}");
+        // With a temperature beyond the limit: exp(-(510 - 130) / 100).
+        let warm = roomy.with_temperature_ms(Some(100.0));
+        warm.score(&req, &cs, &mut out);
+        assert_eq!(&out[..2], &[1.0, 1.0]);
+        assert!((out[2] - (-3.8f64).exp()).abs() < 1e-9, "{out:?}");
+        // No room (negative counts as 0): the plain ratio again.
+        let none = PredictedTtftScorer::new(model).with_room(Some((-1.0, f64::NAN)));
+        none.score(&req, &cs, &mut out);
+        assert!((out[1] - 20.0 / 110.0).abs() < 1e-9, "{out:?}");
+    }
+
+    #[test]
+    fn least_cached_ranks_by_cached_blocks_and_ties_equal_caches() {
+        let mut cs = cands(4);
+        for (c, b) in cs.iter_mut().zip([30, 0, 30, 5]) {
+            c.cached_blocks = b;
+        }
+        let mut out = vec![0.0; 4];
+        LeastCachedScorer.score(&RequestView::default(), &cs, &mut out);
+        assert_eq!(out, vec![0.25, 1.0, 0.25, 0.5]);
+        // All empty: all equal (the plugin then adds nothing after normalisation).
+        for c in &mut cs {
+            c.cached_blocks = 0;
+        }
+        LeastCachedScorer.score(&RequestView::default(), &cs, &mut out);
+        assert_eq!(out, vec![1.0; 4]);
+    }
+
+    #[test]
     fn load_scorers() {
         let mut cs = cands(3);
         cs[0].inflight_requests = 1;
@@ -346,6 +461,17 @@ mod tests {
         let mut out = vec![0.0; 2];
         PrefixScorer::default().score(&req, &cs, &mut out);
         assert_eq!(out, vec![0.0, 0.75]);
+        // With max_waiting: the holder scores 0 once more than that many wait there.
+        let mut cs = cs;
+        cs[1].waiting = 3;
+        let capped = |w| PrefixScorer {
+            max_waiting: Some(w),
+            ..Default::default()
+        };
+        capped(3).score(&req, &cs, &mut out);
+        assert_eq!(out, vec![0.0, 0.75]);
+        capped(2).score(&req, &cs, &mut out);
+        assert_eq!(out, vec![0.0, 0.0]);
         // No match computed: abstain.
         let mut out = vec![0.0; 2];
         PrefixScorer::default().score(&RequestView::default(), &cs, &mut out);
@@ -369,7 +495,11 @@ mod tests {
         PrefixScorer::default().score(&req, &cs, &mut out);
         // 1 of 21 blocks (< min_hit_ratio 0.5): no opinion, so load decides.
         assert_eq!(out, vec![0.0; 4]);
-        PrefixScorer { min_hit_ratio: 0.0 }.score(&req, &cs, &mut out);
+        PrefixScorer {
+            min_hit_ratio: 0.0,
+            ..Default::default()
+        }
+        .score(&req, &cs, &mut out);
         assert!(out[0] > 0.0);
     }
 }
