@@ -340,11 +340,10 @@ mod tests {
         assert!(z.iter().all(|&x| x == 0.0));
     }
 
-    #[test]
-    fn predicted_ttft_scores_a_ratio_or_with_a_temperature_milliseconds() {
+    /// 1000 tokens/s and a 10 ms step: queues of 0, 90 and 490 tokens estimate 20, 110 and
+    /// 510 ms for a 10-token prompt.
+    fn three_queues() -> (Arc<CostModel>, Vec<Candidate>, RequestView<'static>) {
         use crate::cost::CostConfig;
-        // 1000 tokens/s and a 10 ms step: queues of 0, 90 and 490 tokens estimate 20, 110
-        // and 510 ms for a 10-token prompt.
         let model = Arc::new(CostModel::new(CostConfig {
             prior_prefill_tps: 1000.0,
             prior_step_ms: 10.0,
@@ -358,6 +357,12 @@ mod tests {
             block_tokens: 16,
             ..Default::default()
         };
+        (model, cs, req)
+    }
+
+    #[test]
+    fn predicted_ttft_scores_a_ratio_or_with_a_temperature_milliseconds() {
+        let (model, mut cs, req) = three_queues();
         let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9);
         let mut out = vec![0.0; 3];
         PredictedTtftScorer::new(model.clone()).score(&req, &cs, &mut out);
@@ -385,21 +390,8 @@ mod tests {
 
     #[test]
     fn predicted_ttft_with_a_room_ties_the_near_best_and_decays_beyond() {
-        use crate::cost::CostConfig;
-        // Estimates 20, 110 and 510 ms (as above).
-        let model = Arc::new(CostModel::new(CostConfig {
-            prior_prefill_tps: 1000.0,
-            prior_step_ms: 10.0,
-            ..CostConfig::default()
-        }));
-        let mut cs = cands(3);
-        cs[1].prefill_tokens = 90;
-        cs[2].prefill_tokens = 490;
-        let req = RequestView {
-            prompt_tokens: 10,
-            block_tokens: 16,
-            ..Default::default()
-        };
+        // Estimates 20, 110 and 510 ms.
+        let (model, cs, req) = three_queues();
         let mut out = vec![0.0; 3];
         // Limit 20 × 1.5 + 100 = 130 ms: the first two tie, the third scores 130 / 510.
         let roomy = PredictedTtftScorer::new(model.clone()).with_room(Some((0.5, 100.0)));
