@@ -274,6 +274,14 @@ fn d_learning_rate() -> f64 {
 pub const DEFAULT_TTFT_TOLERANCE: f64 = 0.5;
 /// Default absolute room, added to [`DEFAULT_TTFT_TOLERANCE`].
 pub const DEFAULT_TTFT_SLACK: Duration = Duration::from_millis(50);
+/// Soft session affinity's default room (it leaves the bound instance when its predicted TTFT
+/// > best × (1 + this) + [`DEFAULT_AFFINITY_TTFT_SLACK`]): tighter than the other layers',
+/// because a burst of turns from sessions bound to one engine is how its queue builds up
+/// (`bench/results/tail-explore.md`, third section: seed 4's p99 1,315 → 694 ms together with
+/// the prefix layer's waiting cap of 2, the other seeds level or better).
+pub const DEFAULT_AFFINITY_TTFT_TOLERANCE: f64 = 0.25;
+/// See [`DEFAULT_AFFINITY_TTFT_TOLERANCE`].
+pub const DEFAULT_AFFINITY_TTFT_SLACK: Duration = Duration::from_millis(25);
 /// Default `min_hit_ratio` of the prefix layer when it compares predicted TTFTs.
 pub const DEFAULT_COST_MIN_HIT: f64 = 0.1;
 /// The default prefix layer (no `ttft_*`, `load_tolerance` or `waiting_threshold` given):
@@ -281,9 +289,10 @@ pub const DEFAULT_COST_MIN_HIT: f64 = 0.1;
 /// this) ...
 pub const DEFAULT_PREFIX_LOAD_TOLERANCE: f64 = 3.0;
 /// ... and at most this many of its requests wait for their first token (the cap that binds:
-/// with 4 instances or fewer none can exceed 4 × the average load; 4 waiting ≈ the prefill of
-/// a tenant's prompt elsewhere on the agentic benchmark, `bench/results/tail-explore.md`) ...
-pub const DEFAULT_PREFIX_WAITING_THRESHOLD: u64 = 4;
+/// with 4 instances or fewer none can exceed 4 × the average load; 16 → 4 → 2 each took a
+/// hot-spot seed's p99 down on the agentic benchmark and left the others level,
+/// `bench/results/tail-explore.md`) ...
+pub const DEFAULT_PREFIX_WAITING_THRESHOLD: u64 = 2;
 /// ... for a request with at least this share of its prompt cached there.
 pub const DEFAULT_PREFIX_MIN_HIT: f64 = 0.1;
 
@@ -326,10 +335,10 @@ pub struct AffinitySettings {
     /// `ttft_slack`.
     #[serde(default)]
     pub soft_max_load_ratio: Option<f64>,
-    /// See `soft_max_load_ratio` (default 0.5).
+    /// See `soft_max_load_ratio` (default 0.25).
     #[serde(default)]
     pub ttft_tolerance: Option<f64>,
-    /// See `soft_max_load_ratio` (default 50ms).
+    /// See `soft_max_load_ratio` (default 25ms).
     #[serde(default, with = "humantime_serde")]
     pub ttft_slack: Option<Duration>,
     /// Binding lifetime, refreshed on use.

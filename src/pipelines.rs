@@ -18,8 +18,9 @@
 use crate::api::{Api, RequestInfo};
 use crate::config::{
     KeySource, PluginSettings, PolicySettings, SchedulerConfig, ServiceConfig,
-    DEFAULT_COST_MIN_HIT, DEFAULT_PREFIX_LOAD_TOLERANCE, DEFAULT_PREFIX_MIN_HIT,
-    DEFAULT_PREFIX_WAITING_THRESHOLD, DEFAULT_TTFT_SLACK, DEFAULT_TTFT_TOLERANCE,
+    DEFAULT_AFFINITY_TTFT_SLACK, DEFAULT_AFFINITY_TTFT_TOLERANCE, DEFAULT_COST_MIN_HIT,
+    DEFAULT_PREFIX_LOAD_TOLERANCE, DEFAULT_PREFIX_MIN_HIT, DEFAULT_PREFIX_WAITING_THRESHOLD,
+    DEFAULT_TTFT_SLACK, DEFAULT_TTFT_TOLERANCE,
 };
 use log::info;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -35,9 +36,19 @@ use tokengate_plugins::{
 
 /// The tolerance of a predicted-TTFT rule, from optional settings.
 fn tolerance(t: Option<f64>, slack: Option<Duration>) -> CostTolerance {
+    tolerance_or(t, slack, DEFAULT_TTFT_TOLERANCE, DEFAULT_TTFT_SLACK)
+}
+
+/// The same with other defaults.
+fn tolerance_or(
+    t: Option<f64>,
+    slack: Option<Duration>,
+    default_t: f64,
+    default_slack: Duration,
+) -> CostTolerance {
     CostTolerance {
-        tolerance: t.unwrap_or(DEFAULT_TTFT_TOLERANCE),
-        slack_ms: slack.unwrap_or(DEFAULT_TTFT_SLACK).as_secs_f64() * 1000.0,
+        tolerance: t.unwrap_or(default_t),
+        slack_ms: slack.unwrap_or(default_slack).as_secs_f64() * 1000.0,
     }
 }
 
@@ -239,7 +250,12 @@ pub fn service(
                 );
                 let escape = match a.soft_max_load_ratio {
                     Some(r) => Escape::Load(r),
-                    None => Escape::Cost(tolerance(a.ttft_tolerance, a.ttft_slack)),
+                    None => Escape::Cost(tolerance_or(
+                        a.ttft_tolerance,
+                        a.ttft_slack,
+                        DEFAULT_AFFINITY_TTFT_TOLERANCE,
+                        DEFAULT_AFFINITY_TTFT_SLACK,
+                    )),
                 };
                 fh = fh.then(AffinityStage::new(a.mode, escape, table.clone()));
                 sources = a
