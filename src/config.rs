@@ -275,7 +275,7 @@ pub const DEFAULT_TTFT_TOLERANCE: f64 = 0.5;
 /// Default absolute room, added to [`DEFAULT_TTFT_TOLERANCE`].
 pub const DEFAULT_TTFT_SLACK: Duration = Duration::from_millis(50);
 /// Soft session affinity's default room (it leaves the bound instance when its predicted TTFT
-/// > best × (1 + this) + [`DEFAULT_AFFINITY_TTFT_SLACK`]): tighter than the other layers',
+/// exceeds best × (1 + this) + [`DEFAULT_AFFINITY_TTFT_SLACK`]): tighter than the other layers',
 /// because a burst of turns from sessions bound to one engine is how its queue builds up
 /// (`bench/results/tail-explore.md`, third section: seed 4's p99 1,315 → 694 ms together with
 /// the prefix layer's waiting cap of 2, the other seeds level or better).
