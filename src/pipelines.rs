@@ -394,12 +394,10 @@ fn scorer_of(
         } => Arc::new(
             PredictedTtftScorer::new(cost.clone())
                 .with_temperature_ms(temperature.map(|t| t.as_secs_f64() * 1000.0))
-                .with_room((tolerance.is_some() || slack.is_some()).then(|| {
-                    (
-                        tolerance.unwrap_or(0.0),
-                        slack.map_or(0.0, |s| s.as_secs_f64() * 1000.0),
-                    )
-                })),
+                .with_room(
+                    (tolerance.is_some() || slack.is_some())
+                        .then(|| tolerance_or(*tolerance, *slack, 0.0, Duration::ZERO)),
+                ),
         ),
         PluginSettings::LeastCached { .. } => Arc::new(LeastCachedScorer),
         PluginSettings::PrefixCache {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::candidate::{Candidate, Needs, RequestView};
 use crate::cost::{CostModel, Estimate};
 use crate::hash::rendezvous;
+use crate::layered::CostTolerance;
 use crate::pipeline::{Completion, Outcome};
 use crate::session::SessionTable;
 
@@ -220,10 +221,10 @@ impl PredictedTtftScorer {
     }
 
     /// Scores 1 up to best × (1 + `tolerance`) + `slack_ms` (both ≥ 0; negative or NaN count
-    /// as 0). `None`: no room.
-    pub fn with_room(mut self, room: Option<(f64, f64)>) -> Self {
+    /// as 0), the same room as the layered mode's [`CostTolerance`]. `None`: no room.
+    pub fn with_room(mut self, room: Option<CostTolerance>) -> Self {
         let ok = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
-        self.room = room.map(|(t, s)| (ok(t), ok(s)));
+        self.room = room.map(|r| (ok(r.tolerance), ok(r.slack_ms)));
         self
     }
 }
@@ -394,7 +395,10 @@ mod tests {
         let (model, cs, req) = three_queues();
         let mut out = vec![0.0; 3];
         // Limit 20 × 1.5 + 100 = 130 ms: the first two tie, the third scores 130 / 510.
-        let roomy = PredictedTtftScorer::new(model.clone()).with_room(Some((0.5, 100.0)));
+        let roomy = PredictedTtftScorer::new(model.clone()).with_room(Some(CostTolerance {
+            tolerance: 0.5,
+            slack_ms: 100.0,
+        }));
         roomy.score(&req, &cs, &mut out);
         assert_eq!(&out[..2], &[1.0, 1.0]);
         assert!((out[2] - 130.0 / 510.0).abs() < 1e-9, "{out:?}");
@@ -404,7 +408,10 @@ mod tests {
         assert_eq!(&out[..2], &[1.0, 1.0]);
         assert!((out[2] - (-3.8f64).exp()).abs() < 1e-9, "{out:?}");
         // No room (negative counts as 0): the plain ratio again.
-        let none = PredictedTtftScorer::new(model).with_room(Some((-1.0, f64::NAN)));
+        let none = PredictedTtftScorer::new(model).with_room(Some(CostTolerance {
+            tolerance: -1.0,
+            slack_ms: f64::NAN,
+        }));
         none.score(&req, &cs, &mut out);
         assert!((out[1] - 20.0 / 110.0).abs() < 1e-9, "{out:?}");
     }
