@@ -467,6 +467,17 @@ pub struct PolicySettings {
     pub session_max_entries: usize,
 }
 
+/// What `session-affinity` scores for a session that is not bound to a candidate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnboundSessions {
+    /// A fixed per-session order of the instances (rendezvous hash).
+    #[default]
+    Rendezvous,
+    /// No score: the other plugins decide.
+    Abstain,
+}
+
 /// A policy plugin: `kind` names it, the other keys are its own parameters.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
@@ -475,6 +486,11 @@ pub enum PluginSettings {
     SessionAffinity {
         #[serde(default)]
         weight: Option<f64>,
+        /// A session with no binding (or bound to an instance that is not a candidate):
+        /// `rendezvous` (default) ranks the instances by a per-session hash; `abstain` scores
+        /// nothing, so the other plugins place it (where its tenant's prefix is cached, …).
+        #[serde(default)]
+        unbound: UnboundSessions,
     },
     /// `1 / (1 + in-flight requests)`.
     LeastInflight {
@@ -507,6 +523,11 @@ pub enum PluginSettings {
         /// Absolute room added to `tolerance` (e.g. 50ms).
         #[serde(default, with = "humantime_serde")]
         slack: Option<Duration>,
+        /// `true`: candidates beyond the room are removed before any plugin scores (the other
+        /// plugins choose among the rest, whatever their weights), and the score ranks those
+        /// left from the best (no plateau). Without `tolerance` / `slack` only the best stays.
+        #[serde(default)]
+        filter: bool,
     },
     /// `2^-r`, `r` = how many candidates hold fewer cached blocks (by the prefix index).
     LeastCached {
@@ -551,7 +572,7 @@ impl PluginSettings {
     /// The configured weight (`None`: default 1).
     pub fn weight(&self) -> Option<f64> {
         match self {
-            PluginSettings::SessionAffinity { weight }
+            PluginSettings::SessionAffinity { weight, .. }
             | PluginSettings::LeastInflight { weight }
             | PluginSettings::LeastToken { weight, .. }
             | PluginSettings::PredictedTtft { weight, .. }
@@ -2113,6 +2134,53 @@ mod tests {
         );
         assert!(
             e.contains("services[1].scheduler.plugins[0].tolerance: must be a number >= 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_ttft_filter_and_unbound_affinity_are_parsed_and_checked() {
+        let y = "services:\n  - name: p\n    scheduler: {mode: policy, plugins: [{kind: predicted-ttft, filter: true, tolerance: 0.25, slack: 25ms}, {kind: session-affinity, weight: 2, unbound: abstain}]}\n    instances:\n      - {id: b, addr: 127.0.0.1:8001}\n";
+        let c = Config::from_yaml(y).unwrap();
+        let Some(SchedulerConfig::Policy(ps)) = &c.services[0].scheduler else {
+            panic!("policy expected")
+        };
+        assert!(matches!(
+            ps.plugins[0],
+            PluginSettings::PredictedTtft { filter: true, .. }
+        ));
+        assert!(matches!(
+            ps.plugins[1],
+            PluginSettings::SessionAffinity {
+                unbound: UnboundSessions::Abstain,
+                weight: Some(2.0)
+            }
+        ));
+        // Defaults: not a filter, rendezvous for unbound sessions.
+        let plain = Config::from_yaml(
+            &y.replace("filter: true, ", "")
+                .replace(", unbound: abstain", ""),
+        )
+        .unwrap();
+        let Some(SchedulerConfig::Policy(ps)) = &plain.services[0].scheduler else {
+            panic!("policy expected")
+        };
+        assert!(matches!(
+            ps.plugins[0],
+            PluginSettings::PredictedTtft { filter: false, .. }
+        ));
+        assert!(matches!(
+            ps.plugins[1],
+            PluginSettings::SessionAffinity {
+                unbound: UnboundSessions::Rendezvous,
+                ..
+            }
+        ));
+        let e = Config::from_yaml(&y.replace("unbound: abstain", "unbound: hash"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown variant `hash`, expected `rendezvous` or `abstain`"),
             "{e}"
         );
     }

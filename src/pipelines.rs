@@ -17,7 +17,7 @@
 
 use crate::api::{Api, RequestInfo};
 use crate::config::{
-    KeySource, PluginSettings, PolicySettings, SchedulerConfig, ServiceConfig,
+    KeySource, PluginSettings, PolicySettings, SchedulerConfig, ServiceConfig, UnboundSessions,
     DEFAULT_AFFINITY_TTFT_SLACK, DEFAULT_AFFINITY_TTFT_TOLERANCE, DEFAULT_COST_MIN_HIT,
     DEFAULT_PREFIX_LOAD_TOLERANCE, DEFAULT_PREFIX_MIN_HIT, DEFAULT_PREFIX_WAITING_THRESHOLD,
     DEFAULT_TTFT_SLACK, DEFAULT_TTFT_TOLERANCE,
@@ -381,7 +381,10 @@ fn scorer_of(
     sessions: impl FnOnce() -> Arc<SessionTable>,
 ) -> Option<Arc<dyn Scorer>> {
     Some(match p {
-        PluginSettings::SessionAffinity { .. } => Arc::new(SessionAffinityScorer::new(sessions())),
+        PluginSettings::SessionAffinity { unbound, .. } => Arc::new(
+            SessionAffinityScorer::new(sessions())
+                .abstain_unbound(*unbound == UnboundSessions::Abstain),
+        ),
         PluginSettings::LeastInflight { .. } => Arc::new(LeastInflightScorer),
         PluginSettings::LeastToken { token_scale, .. } => Arc::new(LeastTokenScorer {
             token_scale: *token_scale,
@@ -390,6 +393,7 @@ fn scorer_of(
             temperature,
             tolerance,
             slack,
+            filter,
             ..
         } => Arc::new(
             PredictedTtftScorer::new(cost.clone())
@@ -397,7 +401,8 @@ fn scorer_of(
                 .with_room(
                     (tolerance.is_some() || slack.is_some())
                         .then(|| tolerance_or(*tolerance, *slack, 0.0, Duration::ZERO)),
-                ),
+                )
+                .with_filter(*filter),
         ),
         PluginSettings::LeastCached { .. } => Arc::new(LeastCachedScorer),
         PluginSettings::PrefixCache {

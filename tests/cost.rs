@@ -15,9 +15,8 @@ fn chat(system: &str, user: &str, stream: bool) -> serde_json::Value {
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
-    // Two engines prefilling 400 tokens/s (real time): a 16 KB prompt takes ~10 s.
+/// Two engines prefilling 400 tokens/s (real time): a 16 KB prompt takes ~10 s.
+async fn slow_pair() -> Vec<engine_sim::SimHandle> {
     let mut fleet = Vec::new();
     for i in 1..=2 {
         fleet.push(
@@ -32,6 +31,17 @@ async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
             .unwrap(),
         );
     }
+    fleet
+}
+
+/// The value of response header `k`.
+fn header(r: &reqwest::Response, k: &str) -> String {
+    r.headers()[k].to_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
+    let fleet = slow_pair().await;
     // The layered scheduler with predicted TTFT: prefix layer comparing predicted TTFTs,
     // balancing by predicted TTFT (no least-cached layer: this tests the balancer).
     let gw = GatewayProc::start(&format!(
@@ -44,7 +54,6 @@ async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
         let url = gw.url("/v1/chat/completions");
         async move { c.post(url).json(&body).send().await.unwrap() }
     };
-    let header = |r: &reqwest::Response, k: &str| r.headers()[k].to_str().unwrap().to_string();
     let system = words("sys", 40); // ~60 tokens: a short system prompt
                                    // A: lands somewhere and completes; that instance holds the system prompt.
     let a = post(chat(&system, "hello", false)).await;
@@ -290,5 +299,54 @@ async fn cold_prompts_fill_the_emptiest_caches(
     let (again, r5) = send(words("a", 600) + "and more").await;
     assert_eq!(again, big, "{r5}");
     assert!(cached(&r5), "{r5}");
+    gw.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttft_filter_in_policy_mode_moves_a_session_off_a_long_queue_whatever_the_weights() {
+    let fleet = slow_pair().await;
+    // Session affinity 100 times heavier than the TTFT score: only the filter can move the
+    // session.
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    scheduler: {{mode: policy, session_keys: [\"header:x-session-id\"], plugins: [{{kind: predicted-ttft, weight: 0.1, filter: true, tolerance: 0.5, slack: 50ms}}, {{kind: session-affinity, weight: 10, unbound: abstain}}, {{kind: prefix-cache, weight: 1, min_hit_ratio: 0.1}}]}}\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    let post = |body: serde_json::Value| {
+        let c = c.clone();
+        let url = gw.url("/v1/chat/completions");
+        async move {
+            c.post(url)
+                .header("x-session-id", "agent-1")
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let system = words("sys", 40);
+    // A binds the session to an instance.
+    let a = post(chat(&system, "hello", false)).await;
+    assert_eq!(a.status(), 200);
+    let home = header(&a, "x-tokengate-instance");
+    a.bytes().await.unwrap();
+    // B (same session): stays home and prefills a 16 KB message there for ~10 s.
+    let b = post(chat(&system, &words("long", 3000), true)).await;
+    assert_eq!(b.status(), 200);
+    assert_eq!(header(&b, "x-tokengate-instance"), home);
+    let reason_b = header(&b, "x-tokengate-reason");
+    assert!(!reason_b.contains("filtered"), "{reason_b}");
+    // C (same session): home's predicted TTFT is seconds, the other engine's a short cold
+    // prefill: the filter takes home out, and the reason says so.
+    let cr = post(chat(&system, "short question", false)).await;
+    assert_eq!(cr.status(), 200);
+    let reason = header(&cr, "x-tokengate-reason");
+    assert_ne!(header(&cr, "x-tokengate-instance"), home, "{reason}");
+    assert!(
+        reason.starts_with("policy(") && reason.ends_with(" filtered(ttft:1)"),
+        "{reason}"
+    );
+    cr.bytes().await.unwrap();
+    drop(b); // the client gives up on B
     gw.wait_idle().await;
 }

@@ -201,6 +201,8 @@ impl Pipeline {
             .map(|(c, _)| req.matched(c))
             .max()
             .unwrap_or(0);
+        // The pipeline's filters first, then what the picker itself set aside (policy filters).
+        dropped.append(&mut d.dropped);
         d.dropped = dropped;
         Some(d)
     }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use rand::{Rng, RngCore};
 
 use crate::candidate::{Candidate, Needs, RequestView};
-use crate::decision::{AffinityOutcome, Decision, Layer, PolicyTrace, Trace};
+use crate::decision::{AffinityOutcome, Decision, Dropped, Layer, PolicyTrace, Trace};
 use crate::pipeline::{Completion, Picker};
 use crate::scorer::Scorer;
 
@@ -115,7 +115,84 @@ impl Picker for WeightedSum {
     }
 
     /// Chooses one of `cands`; `rng` breaks exact ties. `None` only when `cands` is empty.
+    /// Plugins that filter ([`Scorer::filter`]) first remove candidates; the others are scored
+    /// among the rest (never all removed: a filter that would leave none is ignored).
     fn pick(
+        &self,
+        req: &RequestView<'_>,
+        cands: &[Candidate],
+        rng: &mut dyn RngCore,
+    ) -> Option<Decision> {
+        if cands.is_empty() {
+            return None;
+        }
+        let mut dropped = Vec::new();
+        let mut keep = vec![true; cands.len()];
+        for w in &self.plugins {
+            let before = keep.clone();
+            w.scorer.filter(req, cands, &mut keep);
+            if !keep.iter().any(|k| *k) {
+                keep = before;
+                continue;
+            }
+            for (i, (b, k)) in before.iter().zip(&keep).enumerate() {
+                if *b && !*k {
+                    dropped.push(Dropped {
+                        idx: cands[i].idx,
+                        by: w.scorer.name(),
+                    });
+                }
+            }
+        }
+        if dropped.is_empty() {
+            return self.sum(req, cands, rng);
+        }
+        let (pos, kept): (Vec<usize>, Vec<Candidate>) = cands
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| keep[*i])
+            .map(|(i, c)| (i, *c))
+            .unzip();
+        let mut d = self.sum(req, &kept, rng)?;
+        d.pos = pos[d.pos];
+        // The reason says how many candidates each filtering plugin took out:
+        // `policy(…) filtered(ttft:2)`.
+        let mut reason = d.reason.into_owned();
+        reason.push_str(" filtered(");
+        let mut named: Vec<&str> = Vec::new();
+        for x in &dropped {
+            if named.contains(&x.by) {
+                continue;
+            }
+            let n = dropped.iter().filter(|y| y.by == x.by).count();
+            use std::fmt::Write as _;
+            let sep = if named.is_empty() { "" } else { "," };
+            let _ = write!(reason, "{sep}{}:{n}", x.by);
+            named.push(x.by);
+        }
+        reason.push(')');
+        d.reason = Cow::Owned(reason);
+        d.dropped = dropped;
+        Some(d)
+    }
+
+    /// The request was sent to `chosen` (binds the session, …).
+    fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
+        for w in &self.plugins {
+            w.scorer.on_dispatch(req, chosen);
+        }
+    }
+
+    fn on_complete(&self, req: &RequestView<'_>, chosen: &Candidate, done: &Completion) {
+        for w in &self.plugins {
+            w.scorer.on_complete(req, chosen, done);
+        }
+    }
+}
+
+impl WeightedSum {
+    /// The weighted sum over `cands` (not empty).
+    fn sum(
         &self,
         req: &RequestView<'_>,
         cands: &[Candidate],
@@ -193,19 +270,6 @@ impl Picker for WeightedSum {
             }),
             dropped: Vec::new(),
         })
-    }
-
-    /// The request was sent to `chosen` (binds the session, …).
-    fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
-        for w in &self.plugins {
-            w.scorer.on_dispatch(req, chosen);
-        }
-    }
-
-    fn on_complete(&self, req: &RequestView<'_>, chosen: &Candidate, done: &Completion) {
-        for w in &self.plugins {
-            w.scorer.on_complete(req, chosen, done);
-        }
     }
 }
 
@@ -415,6 +479,82 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(p.pick(&r, &cs, &mut rng).unwrap().pos, 1);
+    }
+
+    #[test]
+    fn a_ttft_filter_overrides_any_weight_and_says_what_it_dropped() {
+        use crate::cost::{CostConfig, CostModel};
+        use crate::filter::NotTried;
+        use crate::layered::CostTolerance;
+        use crate::scorer::PredictedTtftScorer;
+        // 1000 tokens/s, 10 ms steps: a 10-token prompt estimates 20, 110 and 510 ms.
+        let model = Arc::new(CostModel::new(CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 10.0,
+            ..CostConfig::default()
+        }));
+        let ttft = |filter| {
+            Arc::new(
+                PredictedTtftScorer::new(model.clone())
+                    .with_room(Some(CostTolerance {
+                        tolerance: 0.5,
+                        slack_ms: 100.0,
+                    }))
+                    .with_filter(filter),
+            )
+        };
+        let sessions = Arc::new(SessionTable::default());
+        let mut cs = cands(3);
+        cs[1].prefill_tokens = 90;
+        cs[2].prefill_tokens = 490;
+        let s = SessionKey::of("stuck");
+        sessions.bind(s, cs[2].key, 0);
+        let req = RequestView {
+            session: Some(s),
+            prompt_tokens: 10,
+            block_tokens: 16,
+            ..Default::default()
+        };
+        let aff = || Arc::new(SessionAffinityScorer::new(sessions.clone()));
+        let mut rng = StdRng::seed_from_u64(3);
+        // Scored only: an affinity weight of 100 keeps the session on the 510-ms queue.
+        let soft = WeightedSum::new(vec![(ttft(false), 1.0), (aff(), 100.0)]).unwrap();
+        assert_eq!(soft.pick(&req, &cs, &mut rng).unwrap().pos, 2);
+        // As a filter: the queue beyond 130 ms is out whatever the weight, and the
+        // explanation says which plugin took it out.
+        let p = Pipeline::new(WeightedSum::new(vec![(ttft(true), 1.0), (aff(), 100.0)]).unwrap())
+            .filter(NotTried);
+        let d = p.pick(&req, &cs, &mut rng).unwrap();
+        assert_ne!(d.pos, 2);
+        assert_eq!(d.dropped, vec![Dropped { idx: 2, by: "ttft" }]);
+        assert!(
+            d.explain().contains("filtered out: #2(ttft)"),
+            "{}",
+            d.explain()
+        );
+        assert!(d.reason.ends_with(" filtered(ttft:1)"), "{}", d.reason);
+        match &d.trace {
+            Trace::Policy(t) => assert_eq!(t.idxs, vec![0, 1], "only the kept are scored"),
+            _ => unreachable!(),
+        }
+        // The pipeline's own filters come first in the list; both are named.
+        let tried = [cs[0].key];
+        let r = RequestView {
+            exclude: &tried,
+            ..req
+        };
+        let d = p.pick(&r, &cs, &mut rng).unwrap();
+        assert_eq!(d.pos, 1);
+        assert_eq!(
+            d.dropped,
+            vec![
+                Dropped {
+                    idx: 0,
+                    by: "tried"
+                },
+                Dropped { idx: 2, by: "ttft" }
+            ]
+        );
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub trait Scorer: Send + Sync {
         Needs::NONE
     }
     fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]);
+    /// Before any plugin scores: clear `keep[i]` to take candidate `i` out of this decision
+    /// (the policy picker scores the others; a filter that would leave none is ignored).
+    /// Most plugins only score.
+    fn filter(&self, _req: &RequestView<'_>, _cands: &[Candidate], _keep: &mut [bool]) {}
     /// The request was sent to `chosen`.
     fn on_dispatch(&self, _req: &RequestView<'_>, _chosen: &Candidate) {}
     /// The request to `chosen` finished.
@@ -32,14 +36,29 @@ pub trait Scorer: Send + Sync {
 /// order — the bound instance first (r = 0), then the others by rendezvous hash of
 /// (session, instance), a fixed order per session. No session key: abstain (all 0).
 /// Binds the session to the chosen instance on dispatch.
+///
+/// With [`Self::abstain_unbound`], a session that is not bound (its first request, or its
+/// binding expired) gets no score at all: the other plugins (prefix, least-cached, predicted
+/// TTFT) place it, as the layered mode's prefix layer places a new session, instead of a
+/// per-session hash that ignores where its tenant's prompt is cached.
 #[derive(Debug)]
 pub struct SessionAffinityScorer {
     sessions: Arc<SessionTable>,
+    abstain_unbound: bool,
 }
 
 impl SessionAffinityScorer {
     pub fn new(sessions: Arc<SessionTable>) -> Self {
-        SessionAffinityScorer { sessions }
+        SessionAffinityScorer {
+            sessions,
+            abstain_unbound: false,
+        }
+    }
+
+    /// Scores nothing for an unbound session (see the type's docs).
+    pub fn abstain_unbound(mut self, abstain: bool) -> Self {
+        self.abstain_unbound = abstain;
+        self
     }
 }
 
@@ -57,6 +76,9 @@ impl Scorer for SessionAffinityScorer {
             return;
         };
         let bound = self.sessions.get(s, req.now_ms);
+        if self.abstain_unbound && !bound.is_some_and(|b| cands.iter().any(|c| c.key == b)) {
+            return;
+        }
         // (is not the bound one, rendezvous weight descending, key) — a total order.
         let mut order: Vec<(bool, std::cmp::Reverse<u64>, u64, usize)> = cands
             .iter()
@@ -198,11 +220,18 @@ impl Scorer for PrefixScorer {
 /// of `best` (`limit / est`, or `exp(-(est - limit) / t)`). Near-best candidates then tie on
 /// this plugin and the other plugins (affinity, prefix, least-cached) choose among them — "stay
 /// with the cache unless it is clearly slower", as the layered mode's TTFT tolerance does.
+///
+/// As a filter ([`Self::with_filter`]): candidates beyond the room are removed before any
+/// plugin scores, and the score has no plateau (`best / est` or the temperature shape from
+/// `best`), so among the candidates left the faster still leads on this plugin. A weighted sum
+/// cannot say "never one that is clearly slower"; the filter does, whatever the other
+/// plugins' weights.
 #[derive(Debug, Clone)]
 pub struct PredictedTtftScorer {
     model: Arc<CostModel>,
     temperature_ms: Option<f64>,
     room: Option<(f64, f64)>,
+    filter: bool,
 }
 
 impl PredictedTtftScorer {
@@ -211,6 +240,22 @@ impl PredictedTtftScorer {
             model,
             temperature_ms: None,
             room: None,
+            filter: false,
+        }
+    }
+
+    /// Removes the candidates beyond the room (no room: all but the best) before the policy
+    /// sums, instead of flattening the score inside it. See the type's docs.
+    pub fn with_filter(mut self, filter: bool) -> Self {
+        self.filter = filter;
+        self
+    }
+
+    /// The room's limit above `best`.
+    fn limit(&self, best: f64) -> f64 {
+        match self.room {
+            Some((tolerance, slack)) => best * (1.0 + tolerance) + slack,
+            None => best,
         }
     }
 
@@ -240,10 +285,8 @@ impl Scorer for PredictedTtftScorer {
         let mut est = vec![Estimate::default(); cands.len()];
         self.model.estimate_all(req, cands, &mut est);
         let best = est.iter().map(|e| e.ms).fold(f64::INFINITY, f64::min);
-        let limit = match self.room {
-            Some((tolerance, slack)) => best * (1.0 + tolerance) + slack,
-            None => best,
-        };
+        // As a filter the room has done its work; the score ranks the candidates left.
+        let limit = if self.filter { best } else { self.limit(best) };
         for (o, e) in out.iter_mut().zip(&est) {
             *o = if e.ms <= limit {
                 1.0
@@ -254,6 +297,26 @@ impl Scorer for PredictedTtftScorer {
                     None => limit / e.ms,
                 }
             };
+        }
+    }
+
+    fn filter(&self, req: &RequestView<'_>, cands: &[Candidate], keep: &mut [bool]) {
+        if !self.filter {
+            return;
+        }
+        let mut est = vec![Estimate::default(); cands.len()];
+        self.model.estimate_all(req, cands, &mut est);
+        let best = est
+            .iter()
+            .zip(keep.iter())
+            .filter(|(_, k)| **k)
+            .map(|(e, _)| e.ms)
+            .fold(f64::INFINITY, f64::min);
+        let limit = self.limit(best);
+        for (k, e) in keep.iter_mut().zip(&est) {
+            if e.ms > limit {
+                *k = false;
+            }
         }
     }
 }
@@ -414,6 +477,67 @@ mod tests {
         }));
         none.score(&req, &cs, &mut out);
         assert!((out[1] - 20.0 / 110.0).abs() < 1e-9, "{out:?}");
+    }
+
+    #[test]
+    fn predicted_ttft_as_a_filter_drops_beyond_the_room_and_ranks_from_the_best() {
+        // Estimates 20, 110 and 510 ms; room 20 × 1.5 + 100 = 130 ms.
+        let (model, cs, req) = three_queues();
+        let room = Some(CostTolerance {
+            tolerance: 0.5,
+            slack_ms: 100.0,
+        });
+        let gate = PredictedTtftScorer::new(model.clone())
+            .with_room(room)
+            .with_filter(true);
+        let mut keep = vec![true; 3];
+        gate.filter(&req, &cs, &mut keep);
+        assert_eq!(keep, vec![true, true, false]);
+        // No plateau: among those left the faster still leads (20 / 110).
+        let mut out = vec![0.0; 2];
+        gate.score(&req, &cs[..2], &mut out);
+        assert!((out[0] - 1.0).abs() < 1e-9 && (out[1] - 20.0 / 110.0).abs() < 1e-9);
+        // The best is the best of those an earlier filter kept: without candidate 0 the
+        // limit is 110 × 1.5 + 100 = 265 ms, and 510 ms is still out.
+        let mut keep = vec![false, true, true];
+        gate.filter(&req, &cs, &mut keep);
+        assert_eq!(keep, vec![false, true, false]);
+        // No room: only the best stays.
+        let strict = PredictedTtftScorer::new(model.clone()).with_filter(true);
+        let mut keep = vec![true; 3];
+        strict.filter(&req, &cs, &mut keep);
+        assert_eq!(keep, vec![true, false, false]);
+        // Not a filter: keeps everything (the room flattens the score instead).
+        let soft = PredictedTtftScorer::new(model).with_room(room);
+        let mut keep = vec![true; 3];
+        soft.filter(&req, &cs, &mut keep);
+        assert_eq!(keep, vec![true; 3]);
+    }
+
+    #[test]
+    fn affinity_can_abstain_for_an_unbound_session() {
+        let t = Arc::new(SessionTable::default());
+        let sc = SessionAffinityScorer::new(t.clone()).abstain_unbound(true);
+        let cs = cands(3);
+        let s = SessionKey::of("conv-new");
+        let req = RequestView {
+            session: Some(s),
+            ..Default::default()
+        };
+        let mut out = vec![0.0; 3];
+        sc.score(&req, &cs, &mut out);
+        assert_eq!(out, vec![0.0; 3], "unbound: no score");
+        // Bound to a candidate: the usual ranks, the bound one first.
+        t.bind(s, cs[2].key, 0);
+        sc.score(&req, &cs, &mut out);
+        assert_eq!(out[2], 1.0);
+        let mut rest = vec![out[0], out[1]];
+        rest.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        assert_eq!(rest, vec![0.5, 0.25]);
+        // Bound to an instance that is not a candidate (filtered out, removed): unbound.
+        let mut out = vec![0.0; 2];
+        sc.score(&req, &cs[..2], &mut out);
+        assert_eq!(out, vec![0.0; 2]);
     }
 
     #[test]
