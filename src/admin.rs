@@ -92,6 +92,9 @@ impl Admin {
             m.index_trimmed_blocks
                 .with_label_values(&n)
                 .set(g.trimmed_blocks as i64);
+            m.index_capacity_evicted_blocks
+                .with_label_values(&n)
+                .set(g.capacity_evicted_blocks as i64);
         }
         for (name, s) in rt.schedulers() {
             if let Some(t) = &s.sessions {

@@ -1009,6 +1009,10 @@ pub struct EngineMetricsSettings {
     pub timeout: Duration,
     #[serde(default = "d_em_path")]
     pub path: String,
+    /// `true`: an instance without `cache_tokens` takes the KV cache size its engine reports
+    /// (`vllm:cache_config_info`, `sglang:max_total_num_tokens`) as its `cache_tokens`.
+    #[serde(default)]
+    pub cache_size: bool,
 }
 
 fn d_em_interval() -> Duration {
@@ -1042,6 +1046,12 @@ pub struct InstanceConfig {
     /// the service's.
     #[serde(default)]
     pub api_key: Option<Secret>,
+    /// The engine's KV cache size in tokens (vLLM: `num_gpu_blocks` × `block_size` in its
+    /// startup log or `vllm:cache_config_info`; SGLang: `max_total_num_tokens`). When given, the
+    /// prefix index never believes this instance holds more than that: once it does, the
+    /// instance's least recently used entries leave the index, as the engine evicts them.
+    #[serde(default)]
+    pub cache_tokens: Option<u64>,
 }
 
 /// A credential from the config: never printed (its `Debug` is `***`), never in errors,
@@ -1285,6 +1295,14 @@ impl Config {
                 if let Some(k) = &inst.api_key {
                     if let Err(e) = k.check() {
                         errs.push(format!("{p}.api_key: {e}"));
+                    }
+                }
+                if let Some(t) = inst.cache_tokens {
+                    let block = self.prefix_index.block_size.max(1) as u64;
+                    if t < block {
+                        errs.push(format!(
+                            "{p}.cache_tokens: {t} is less than one prefix block (prefix_index.block_size: {block}); give the engine's KV cache size in tokens"
+                        ));
                     }
                 }
             }
@@ -2134,6 +2152,20 @@ mod tests {
         );
         assert!(
             e.contains("services[1].scheduler.plugins[0].tolerance: must be a number >= 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_instance_cache_size_is_at_least_one_prefix_block() {
+        let y = "prefix_index: {block_size: 16}\nservices:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8001, cache_tokens: 262144}\n";
+        let c = Config::from_yaml(y).unwrap();
+        assert_eq!(c.services[0].instances[0].cache_tokens, Some(262_144));
+        let e = Config::from_yaml(&y.replace("262144", "8"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("services[0].instances[0].cache_tokens: 8 is less than one prefix block"),
             "{e}"
         );
     }

@@ -68,6 +68,53 @@ pub fn parse(text: &str) -> Option<EngineLoad> {
     })
 }
 
+/// The engine's KV cache size in tokens, when its metrics say: SGLang's
+/// `sglang:max_total_num_tokens` (summed over data-parallel ranks), vLLM's
+/// `vllm:cache_config_info{block_size="16",num_gpu_blocks="…"}` (the product of its labels).
+pub fn cache_tokens(text: &str) -> Option<u64> {
+    let mut sglang: Option<u64> = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("vllm:cache_config_info{") {
+            let labels = &rest[..closing_brace(&line["vllm:cache_config_info".len()..])? - 1];
+            let n = |k: &str| label(labels, k).and_then(|v| v.parse::<u64>().ok());
+            if let (Some(b), Some(g)) = (n("block_size"), n("num_gpu_blocks")) {
+                if b > 0 && g > 0 {
+                    return Some(b.saturating_mul(g));
+                }
+            }
+        } else if let Some(rest) = line.strip_prefix("sglang:max_total_num_tokens") {
+            let rest = match rest.strip_prefix('{') {
+                Some(_) => &rest[closing_brace(rest)? + 1..],
+                None => rest,
+            };
+            if let Some(v) = rest
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+            {
+                if v.is_finite() && v >= 1.0 {
+                    sglang = Some(sglang.unwrap_or(0) + v as u64);
+                }
+            }
+        }
+    }
+    sglang
+}
+
+/// The value of label `name` in a label set `a="x",b="y"` (no escapes inside the value).
+fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    loop {
+        let (k, after) = rest.split_once("=\"")?;
+        let (v, tail) = after.split_once('"')?;
+        if k.trim_start_matches(',').trim() == name {
+            return Some(v);
+        }
+        rest = tail;
+    }
+}
+
 /// The index of the `}` closing a label set that starts at `s[0] == '{'`.
 fn closing_brace(s: &str) -> Option<usize> {
     let mut quoted = false;
@@ -95,6 +142,8 @@ pub struct EngineSignals {
     at_ms: AtomicU64,
     /// Consecutive failed scrapes.
     failures: AtomicU32,
+    /// The engine's KV cache size in tokens from its metrics ([`cache_tokens`]); 0 = unknown.
+    cache_tokens: AtomicU64,
 }
 
 impl EngineSignals {
@@ -105,6 +154,16 @@ impl EngineSignals {
             .store((l.kv_usage * 1e6).round() as u32, Relaxed);
         self.at_ms.store(now_ms.max(1), Relaxed);
         self.failures.store(0, Relaxed);
+    }
+
+    /// The KV cache size read from a scrape (kept: it does not change while the engine runs).
+    pub fn store_cache_tokens(&self, tokens: u64) {
+        self.cache_tokens.store(tokens, Relaxed);
+    }
+
+    /// The engine's KV cache size in tokens, when a scrape said.
+    pub fn cache_tokens(&self) -> Option<u64> {
+        Some(self.cache_tokens.load(Relaxed)).filter(|t| *t > 0)
     }
 
     pub fn failed(&self) {
@@ -133,6 +192,7 @@ impl EngineSignals {
             "kv_usage": f64::from(self.kv_ppm.load(Relaxed)) / 1e6,
             "age_ms": (at > 0).then(|| now_ms.saturating_sub(at)),
             "consecutive_failures": self.failures.load(Relaxed),
+            "cache_tokens": self.cache_tokens(),
         })
     }
 }
@@ -190,6 +250,30 @@ sglang:gen_throughput{model_name="meta-llama/Llama-3.1-8B-Instruct",dp_rank="0"}
                 kv_usage: 0.74
             })
         );
+    }
+
+    #[test]
+    fn the_kv_cache_size_from_either_engine() {
+        // vLLM: an info gauge whose labels carry the figures.
+        let v = format!(
+            "{VLLM}# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_cpu_blocks=\"None\",num_gpu_blocks=\"27153\"}} 1.0\n"
+        );
+        assert_eq!(cache_tokens(&v), Some(16 * 27153));
+        // SGLang: one pool per data-parallel rank.
+        let s = format!(
+            "{SGLANG}sglang:max_total_num_tokens{{model_name=\"m\",dp_rank=\"0\"}} 500000.0\n\
+             sglang:max_total_num_tokens{{model_name=\"m\",dp_rank=\"1\"}} 500000.0\n"
+        );
+        assert_eq!(cache_tokens(&s), Some(1_000_000));
+        // Not there, or not usable.
+        assert_eq!(cache_tokens(VLLM), None);
+        assert_eq!(
+            cache_tokens("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n"),
+            None
+        );
+        assert_eq!(cache_tokens("sglang:max_total_num_tokens NaN\n"), None);
     }
 
     #[test]

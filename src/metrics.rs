@@ -52,6 +52,8 @@ pub struct Metrics {
     pub index_evicted_bytes: IntGaugeVec,
     /// Blocks removed from the index by the engines' cached-token reports.
     pub index_trimmed_blocks: IntGaugeVec,
+    /// Blocks removed from the index because an instance held more than its `cache_tokens`.
+    pub index_capacity_evicted_blocks: IntGaugeVec,
     pub sessions: IntGaugeVec,
     pub decision_total: IntCounterVec,
     pub decision_latency: HistogramVec,
@@ -156,6 +158,14 @@ impl Metrics {
             Opts::new(
                 "tokengate_prefix_index_trimmed_blocks",
                 "Blocks removed from a service's prefix index because an engine reported fewer cached tokens than the index predicted (its cache evicted them), since start",
+            ),
+            &["service"],
+        )
+        .expect("metric");
+        let index_capacity_evicted_blocks = IntGaugeVec::new(
+            Opts::new(
+                "tokengate_prefix_index_capacity_evicted_blocks",
+                "Blocks removed from a service's prefix index because an instance held more than its cache_tokens (the least recently used first, as the engine evicts them), since start",
             ),
             &["service"],
         )
@@ -376,6 +386,7 @@ impl Metrics {
             Box::new(learned_prefill_tps.clone()),
             Box::new(learned_decode_step.clone()),
             Box::new(index_trimmed_blocks.clone()),
+            Box::new(index_capacity_evicted_blocks.clone()),
             Box::new(decisions.clone()),
             Box::new(throttle_queue.clone()),
             Box::new(throttle_queue_wait.clone()),
@@ -418,6 +429,7 @@ impl Metrics {
             learned_prefill_tps,
             learned_decode_step,
             index_trimmed_blocks,
+            index_capacity_evicted_blocks,
             decisions,
             throttle_queue,
             throttle_queue_wait,

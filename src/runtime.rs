@@ -52,6 +52,11 @@ pub struct Instance {
     pub bootstrap_port: Option<u16>,
     /// An `https://` instance: SNI, verification, the CA.
     pub tls: Option<Arc<crate::tls::TlsPeer>>,
+    /// The engine's KV cache in prefix blocks from the config (`cache_tokens` ÷
+    /// `prefix_index.block_size`); see [`Self::cache_blocks`].
+    pub config_cache_blocks: Option<u64>,
+    /// `engine_metrics.cache_size`: without `cache_tokens`, the engine's reported size counts.
+    pub engine_cache_size: bool,
     /// `http[s]://host:port` as configured (side requests, health checks, metric scrapes).
     pub origin: String,
     /// `host:port` as configured: the `Host` header sent to the engine.
@@ -72,6 +77,18 @@ impl HasLoad for Instance {
 }
 
 impl Instance {
+    /// The most blocks the prefix index lets this instance hold: its `cache_tokens`, else
+    /// (with `engine_metrics.cache_size`) the KV cache size its engine reports, in blocks of
+    /// `block_tokens`. `None`: unbounded.
+    pub fn cache_blocks(&self, block_tokens: usize) -> Option<u64> {
+        self.config_cache_blocks.or_else(|| {
+            self.engine_cache_size
+                .then(|| self.engine.cache_tokens())
+                .flatten()
+                .map(|t| t / block_tokens.max(1) as u64)
+        })
+    }
+
     /// The URL of `path` on the instance: its configured origin when it is `https://` (TLS
     /// needs the name), else the address it resolved to.
     pub fn url(&self, path: &str) -> String {
@@ -553,6 +570,10 @@ impl Runtime {
                     role,
                     bootstrap_port: i.bootstrap_port,
                     tls: target.tls.then(|| Arc::new(svc_tls.with_sni(&target.host))),
+                    engine_cache_size: s.engine_metrics.as_ref().is_some_and(|e| e.cache_size),
+                    config_cache_blocks: i
+                        .cache_tokens
+                        .map(|t| t / cfg.prefix_index.block_size.max(1) as u64),
                     origin,
                     host_header,
                     auth,
@@ -560,7 +581,10 @@ impl Runtime {
             }
             let index = match prev_svc {
                 Some(p) => {
-                    if p.index.ttl_ms() != index_ttl_ms.div_ceil(1000) * 1000 {
+                    if p.index.ttl_ms()
+                        != index_ttl_ms.div_ceil(tokengate_plugins::prefix::TICK_MS)
+                            * tokengate_plugins::prefix::TICK_MS
+                    {
                         info!(
                             "service {}: prefix index ttl changed to {:?}",
                             s.name, cfg.prefix_index.ttl
@@ -829,6 +853,7 @@ impl Runtime {
                     "waiting": l.waiting,
                     "queued_prefill_tokens": l.prefill_tokens,
                     "cached_blocks": s.index.held_blocks(i.key),
+                    "cache_blocks": i.cache_blocks(self.block_tokens),
                     "slots": i.throttle.as_ref().map(|_| match i.role {
                         // A decode node's slots: its requests from dispatch to completion.
                         Role::Decode => serde_json::json!({
@@ -906,6 +931,7 @@ impl Runtime {
                     "evicted_bytes": g.evicted_bytes,
                     "trims": g.trims,
                     "trimmed_blocks": g.trimmed_blocks,
+                    "capacity_evicted_blocks": g.capacity_evicted_blocks,
                 })
             })
             .collect();

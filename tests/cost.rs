@@ -350,3 +350,98 @@ async fn a_ttft_filter_in_policy_mode_moves_a_session_off_a_long_queue_whatever_
     drop(b); // the client gives up on B
     gw.wait_idle().await;
 }
+
+/// The engine's cached prompt tokens for one (non-stream) answer.
+async fn engine_cached(r: reqwest::Response) -> u64 {
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_cache_size_keeps_the_index_in_step_with_what_the_engine_evicted() {
+    // An engine whose KV cache holds 64 blocks of 16 tokens; prompts A and B of ~17 blocks,
+    // then C of ~50: the engine evicts A (least recently used) to make room for C.
+    let run = |service: &'static str, cache: &'static str| async move {
+        let sim = engine_sim::spawn_local(engine_sim::SimConfig {
+            id: "e1".into(),
+            model: "m".into(),
+            block_size: 16,
+            kv_blocks: 64,
+            time_scale: 1.0,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let addr = sim.addr;
+        let gw = GatewayProc::start(&format!(
+            "prefix_index: {{block_size: 16}}\nservices:\n  - name: m\n{service}    instances:\n      - {{id: e1, addr: \"{addr}\"{cache}}}\n"
+        ));
+        // With engine_metrics: the first scrape has told the engine's cache size.
+        if !service.is_empty() {
+            eventually("the engine's cache size", || async {
+                gw.instances().await["instances"][0]["cache_blocks"] == 64
+            })
+            .await;
+        }
+        let c = reqwest::Client::new();
+        let post = |body: serde_json::Value| {
+            let c = c.clone();
+            let url = gw.url("/v1/chat/completions");
+            async move { c.post(url).json(&body).send().await.unwrap() }
+        };
+        let a = chat(&words("a", 250), "q", false);
+        for body in [
+            a.clone(),
+            chat(&words("b", 250), "q", false),
+            chat(&words("c", 650), "q", false),
+        ] {
+            engine_cached(post(body).await).await;
+            // The index orders entries by their last use in 100 ms ticks: a new tick.
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await; // ok-sleep: the index's clock must move on, no server is awaited
+        }
+        gw.wait_idle().await;
+        let predicted = || async {
+            metric(
+                &gw.metrics().await,
+                "tokengate_prefix_tokens_total{kind=\"predicted\",service=\"m\"}",
+            )
+            .unwrap()
+        };
+        let before = predicted().await;
+        let inst = gw.instances().await["instances"][0].clone();
+        let cached = engine_cached(post(a).await).await;
+        gw.wait_idle().await;
+        let evicted = metric(
+            &gw.metrics().await,
+            "tokengate_prefix_index_capacity_evicted_blocks{service=\"m\"}",
+        );
+        (inst, predicted().await - before, cached, evicted)
+    };
+    // Without the cache size the index still lists A on e1: it predicts a hit of A's whole
+    // prompt that the engine no longer has.
+    let (inst, predicted, cached, _) = run("", "").await;
+    assert!(predicted > 200.0, "{predicted} {inst}");
+    assert_eq!(cached, 0, "the engine evicted A");
+    assert!(inst["cache_blocks"].is_null(), "{inst}");
+    assert!(inst["cached_blocks"].as_u64().unwrap() > 64, "{inst}");
+    // With it (64 blocks) the index forgets A as the engine did, and never holds more.
+    // With it (64 blocks) the index forgets A as the engine did, and never holds more; the
+    // same when the size comes from the engine's metrics (vllm:cache_config_info).
+    for (service, cache) in [
+        ("", ", cache_tokens: 1024"),
+        (
+            "    engine_metrics: {interval: 50ms, cache_size: true}\n",
+            "",
+        ),
+    ] {
+        let (inst, predicted, cached, evicted) = run(service, cache).await;
+        assert_eq!((predicted, cached), (0.0, 0), "{inst}");
+        assert_eq!(inst["cache_blocks"], 64, "{inst}");
+        let held = inst["cached_blocks"].as_u64().unwrap();
+        assert!(held > 0 && held <= 64, "{inst}");
+        assert!(evicted.unwrap() > 0.0, "{evicted:?}");
+    }
+}

@@ -36,7 +36,7 @@
 //!
 //! # Holders and timestamps
 //! Each node lists the instances ("holders") believed to hold its whole edge, each with the
-//! last time (seconds) it was used. Invariant: a child's holders are a subset of its
+//! last time (in 100 ms ticks) it was used. Invariant: a child's holders are a subset of its
 //! parent's, and a holder's timestamp in a child is ≤ its timestamp in the parent (every
 //! insert/touch refreshes the whole path, with `max`). Hence expiring or evicting by time
 //! always removes the *bottom* of a path, never a middle, and the per-instance match length is
@@ -133,11 +133,14 @@ pub struct IndexGauges {
     pub trims: u64,
     /// Blocks an instance was removed from by those corrections.
     pub trimmed_blocks: u64,
+    /// Blocks instances were removed from because they held more than their engine's cache
+    /// ([`PrefixIndex::evict_instance_to`]) since creation.
+    pub capacity_evicted_blocks: u64,
 }
 
 struct Holder {
     key: InstanceKey,
-    /// Last use, seconds (the caller's clock / 1000).
+    /// Last use, in ticks of [`TICK_MS`] (the caller's clock / 100).
     ts: AtomicU32,
 }
 
@@ -212,6 +215,7 @@ struct Counters {
     expired_nodes: AtomicU64,
     trims: AtomicU64,
     trimmed_blocks: AtomicU64,
+    capacity_evicted_blocks: AtomicU64,
 }
 
 impl Counters {
@@ -259,7 +263,8 @@ impl Totals {
 pub struct PrefixIndex {
     /// Each shard is the virtual root of a forest (its own `hashes`/`holders` stay empty).
     shards: Box<[RwLock<Node>]>,
-    ttl_secs: AtomicU64,
+    /// The TTL in ticks.
+    ttl_ticks: AtomicU64,
     c: Counters,
     /// Blocks each instance holds by this index (Σ edge lengths of the nodes listing it): the
     /// size of its part of the tree, kept in step with every holder added or removed.
@@ -276,14 +281,18 @@ impl std::fmt::Debug for PrefixIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PrefixIndex")
             .field("shards", &self.shards.len())
-            .field("ttl_secs", &self.ttl_secs.load(Relaxed))
+            .field("ttl_ms", &self.ttl_ms())
             .field("gauges", &self.gauges())
             .finish()
     }
 }
 
-fn secs(now_ms: u64) -> u32 {
-    (now_ms / 1000).min(u64::from(u32::MAX)) as u32
+/// The unit of last-use times: fine enough to order the requests one instance gets by age
+/// (least recently used eviction), coarse enough that a `u32` lasts 13 years of uptime.
+pub const TICK_MS: u64 = 100;
+
+fn tick(now_ms: u64) -> u32 {
+    (now_ms / TICK_MS).min(u64::from(u32::MAX)) as u32
 }
 
 fn common_prefix(a: &[u64], b: &[u64]) -> usize {
@@ -295,7 +304,7 @@ impl PrefixIndex {
         let n = shard_count(cfg.shards);
         PrefixIndex {
             shards: (0..n).map(|_| RwLock::new(Node::default())).collect(),
-            ttl_secs: AtomicU64::new(cfg.ttl_ms.div_ceil(1000)),
+            ttl_ticks: AtomicU64::new(cfg.ttl_ms.div_ceil(TICK_MS)),
             c: Counters::default(),
             held: RwLock::default(),
         }
@@ -340,12 +349,12 @@ impl PrefixIndex {
 
     /// Changes the entry lifetime in place (a config reload).
     pub fn set_ttl_ms(&self, ttl_ms: u64) {
-        self.ttl_secs.store(ttl_ms.div_ceil(1000), Relaxed);
+        self.ttl_ticks.store(ttl_ms.div_ceil(TICK_MS), Relaxed);
     }
 
-    /// The entry lifetime, milliseconds (rounded up to whole seconds).
+    /// The entry lifetime, milliseconds (rounded up to whole ticks, [`TICK_MS`]).
     pub fn ttl_ms(&self) -> u64 {
-        self.ttl_secs.load(Relaxed) * 1000
+        self.ttl_ticks.load(Relaxed) * TICK_MS
     }
 
     fn shard(&self, first: u64) -> &RwLock<Node> {
@@ -353,7 +362,7 @@ impl PrefixIndex {
     }
 
     fn expired(&self, ts: u32, now: u32) -> bool {
-        u64::from(ts) + self.ttl_secs.load(Relaxed) < u64::from(now)
+        u64::from(ts) + self.ttl_ticks.load(Relaxed) < u64::from(now)
     }
 
     /// Matches a prompt's block hashes: for every instance, how many leading blocks it
@@ -366,7 +375,7 @@ impl PrefixIndex {
         let Some(&first) = hashes.first() else {
             return out;
         };
-        let now = secs(now_ms);
+        let now = tick(now_ms);
         let shard = self.shard(first).read();
         let mut node: &Node = &shard;
         let mut pos = 0;
@@ -402,7 +411,7 @@ impl PrefixIndex {
         let Some(&first) = hashes.first() else {
             return;
         };
-        let now = secs(now_ms);
+        let now = tick(now_ms);
         let lock = self.shard(first);
         if Self::refresh_path(&lock.read(), hashes, key, now) == hashes.len() {
             return;
@@ -416,7 +425,7 @@ impl PrefixIndex {
         let Some(&first) = hashes.first() else {
             return 0;
         };
-        Self::refresh_path(&self.shard(first).read(), hashes, key, secs(now_ms))
+        Self::refresh_path(&self.shard(first).read(), hashes, key, tick(now_ms))
     }
 
     /// Walks the path while every node lists `key`, bumping its timestamp; returns the blocks
@@ -431,8 +440,13 @@ impl PrefixIndex {
             let Some(h) = child.holder(key) else {
                 break;
             };
-            h.ts.fetch_max(now, Relaxed);
             let m = common_prefix(&child.hashes, &hashes[pos..]);
+            // A prompt that leaves the edge part-way did not use its tail: the insert that
+            // follows splits the edge and stamps the common part only (so that least recently
+            // used stays true per block for `evict_instance_to`).
+            if m == child.hashes.len() || pos + m == hashes.len() {
+                h.ts.fetch_max(now, Relaxed);
+            }
             pos += m;
             if m < child.hashes.len() {
                 // Diverged inside the edge: only the common part counts; if the prompt simply
@@ -639,6 +653,44 @@ impl PrefixIndex {
         blocks
     }
 
+    /// Bounds what the index believes `key` holds by its engine's cache: removes `key` from
+    /// its least recently used entries (whole ticks of last use, oldest first; a prompt's
+    /// deeper blocks are never newer than its shallower ones, so tails go first) until it
+    /// holds at most `target` blocks — what the engine's own LRU eviction has done by then.
+    /// Entries used in the newest tick always stay (they were just dispatched: the engine
+    /// holds them or is computing them), so it may stop above `target`. Returns the blocks
+    /// removed. Walks the tree: call it when `key` is over its capacity, with `target` a little
+    /// below it so that it does not run on every request.
+    pub fn evict_instance_to(&self, key: InstanceKey, target: u64) -> u64 {
+        let held = self.held_blocks(key);
+        if held <= target {
+            return 0;
+        }
+        let excess = held - target;
+        let mut per_tick: std::collections::BTreeMap<u32, u64> = Default::default();
+        self.for_each_node(|n| {
+            if let Some(h) = n.holder(key) {
+                *per_tick.entry(h.ts()).or_default() += n.hashes.len() as u64;
+            }
+        });
+        // The first tick whose entries stay: after the oldest ticks that add up to the
+        // excess, and never after the newest.
+        let newest = per_tick.keys().next_back().copied().unwrap_or(0);
+        let mut cutoff = newest;
+        let mut acc = 0;
+        for (ts, blocks) in &per_tick {
+            acc += blocks;
+            if acc >= excess {
+                cutoff = ts.saturating_add(1).min(newest);
+                break;
+            }
+        }
+        self.prune(|h| h.key != key || h.ts() >= cutoff, |_| true);
+        let removed = held.saturating_sub(self.held_blocks(key));
+        self.c.capacity_evicted_blocks.fetch_add(removed, Relaxed);
+        removed
+    }
+
     /// Drops every entry of an instance (it left the service). Returns the nodes removed.
     pub fn remove_instance(&self, key: InstanceKey) -> u64 {
         let t = self.prune(|h| h.key != key, |_| true);
@@ -649,7 +701,7 @@ impl PrefixIndex {
     /// Drops holders idle for longer than the TTL and frees nodes left without holders.
     /// Returns the nodes removed.
     pub fn sweep_expired(&self, now_ms: u64) -> u64 {
-        let now = secs(now_ms);
+        let now = tick(now_ms);
         let t = self.prune(|h| !self.expired(h.ts(), now), |_| true);
         self.c.expired_nodes.fetch_add(t.nodes as u64, Relaxed);
         t.nodes as u64
@@ -736,6 +788,7 @@ impl PrefixIndex {
             expired_nodes: self.c.expired_nodes.load(Relaxed),
             trims: self.c.trims.load(Relaxed),
             trimmed_blocks: self.c.trimmed_blocks.load(Relaxed),
+            capacity_evicted_blocks: self.c.capacity_evicted_blocks.load(Relaxed),
         }
     }
 
@@ -913,6 +966,41 @@ mod tests {
         check(&ix);
         ix.evict_to(0);
         assert_eq!(ix.held_blocks(k(1)), 0);
+        check(&ix);
+    }
+
+    #[test]
+    fn an_instance_over_its_capacity_loses_its_least_recently_used_entries_first() {
+        let ix = idx();
+        let b: Vec<u64> = seq(1..5).into_iter().chain(seq(20..26)).collect();
+        ix.insert(&seq(1..9), k(1), 0); // A at 0 s: 8 blocks
+        ix.insert(&seq(1..9), k(2), 0); // k2 holds A too
+        ix.insert(&b, k(1), 1_000); // B at 1 s shares A's first 4 (refreshed) and adds 6
+        ix.insert(&seq(50..60), k(1), 2_000); // C at 2 s: 10
+        assert_eq!(ix.held_blocks(k(1)), 24);
+        // Under the target: nothing to do.
+        assert_eq!(ix.evict_instance_to(k(1), 24), 0);
+        // 4 over: A's tail (last used at 0 s) goes; k2 keeps all of A.
+        assert_eq!(ix.evict_instance_to(k(1), 20), 4);
+        let a = ix.match_prefix(&seq(1..9), 2_000);
+        assert_eq!((a.matched(k(1)), a.matched(k(2))), (4, 8));
+        check(&ix);
+        // 8 over: the whole tick of 1 s goes (B, and the shared prefix under it); C stays.
+        assert_eq!(ix.evict_instance_to(k(1), 12), 10);
+        assert_eq!(ix.match_prefix(&b, 2_000).matched(k(1)), 0);
+        assert_eq!(ix.match_prefix(&seq(50..60), 2_000).matched(k(1)), 10);
+        assert_eq!(ix.held_blocks(k(2)), 8);
+        assert_eq!(ix.gauges().capacity_evicted_blocks, 14);
+        check(&ix);
+        // What was used in the newest tick stays, even over the target: D lands 50 ms after
+        // C, in the same tick.
+        ix.insert(&seq(70..80), k(1), 2_050);
+        assert_eq!(ix.evict_instance_to(k(1), 5), 0);
+        assert_eq!(ix.held_blocks(k(1)), 20);
+        // A tick later C and D are the oldest: both go, E stays.
+        ix.insert(&seq(90..95), k(1), 2_100);
+        assert_eq!(ix.evict_instance_to(k(1), 5), 20);
+        assert_eq!(ix.held_blocks(k(1)), 5);
         check(&ix);
     }
 

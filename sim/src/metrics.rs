@@ -47,15 +47,26 @@ pub(crate) fn render(cfg: &SimConfig, snap: &Snapshot) -> String {
     let model = format!("model_name=\"{}\"", escape(&cfg.model));
     let mut o = String::with_capacity(8192);
     match cfg.metrics_flavor {
-        MetricsFlavor::Vllm => vllm(&mut o, &model, snap),
+        MetricsFlavor::Vllm => vllm(&mut o, cfg, &model, snap),
         MetricsFlavor::Sglang => sglang(&mut o, cfg, &model, snap),
     }
     engine_sim(&mut o, cfg, &model, snap);
     o
 }
 
-fn vllm(o: &mut String, l: &str, snap: &Snapshot) {
+fn vllm(o: &mut String, cfg: &SimConfig, l: &str, snap: &Snapshot) {
     let (st, m) = (&snap.stats, &snap.m);
+    // vLLM's cache config as an info gauge (value 1, the figures in labels).
+    gauge(
+        o,
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        &format!(
+            "block_size=\"{}\",enable_prefix_caching=\"True\",num_gpu_blocks=\"{}\"",
+            cfg.block_size, cfg.kv_blocks
+        ),
+        1.0,
+    );
     gauge(
         o,
         "vllm:num_requests_running",

@@ -275,10 +275,11 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 learn(&l, dispatched, plan, ctx, u, now);
             }
             if dispatched.is_some() {
-                // Refresh the prompt's last use (the index keeps whole seconds: a request that
-                // ended within the second of its dispatch, when the index inserted it, has
+                // Refresh the prompt's last use (the index keeps whole ticks: a request that
+                // ended within the tick of its dispatch, when the index inserted it, has
                 // nothing to refresh).
-                if outcome == Outcome::Completed && dispatched_ms / 1000 != now / 1000 {
+                use tokengate_plugins::prefix::TICK_MS;
+                if outcome == Outcome::Completed && dispatched_ms / TICK_MS != now / TICK_MS {
                     l.service.index.touch(&plan.blocks, l.instance.key, now);
                 }
                 // The hit-rate figures of every routed request, per service.

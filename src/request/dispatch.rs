@@ -202,6 +202,7 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                         s.pipeline.on_dispatch(&view, &l.cand);
                     }
                     l.service.index.insert(&plan.blocks, l.instance.key, now);
+                    bound_to_cache(&l.service.index, &l.instance, plan.runtime.block_tokens);
                 }
                 if leg.role != LegRole::Main {
                     continue;
@@ -599,4 +600,24 @@ pub fn response_body(
         }
     }
     Ok(None)
+}
+
+/// An instance with a known cache size (`cache_tokens`, or its engine's metrics) that the
+/// prefix index believes holds
+/// more loses its least recently used entries down to 95 % of it (the margin: the tree walk
+/// runs once per 5 % of the cache that turns over, not on every request).
+fn bound_to_cache(
+    index: &tokengate_plugins::PrefixIndex,
+    instance: &crate::runtime::Instance,
+    block_tokens: usize,
+) {
+    if let Some(cap) = instance.cache_blocks(block_tokens) {
+        if index.held_blocks(instance.key) > cap {
+            let removed = index.evict_instance_to(instance.key, cap - cap / 20);
+            debug!(
+                "prefix index: {} held more than its cache ({cap} blocks): {removed} least recently used blocks forgotten",
+                instance.id
+            );
+        }
+    }
 }
