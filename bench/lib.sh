@@ -124,7 +124,8 @@ pd_instances_yaml() {
 # tokengate in front of the fleet, proxy and admin listeners on port 0 (it prints both
 # addresses); $1 = the service's YAML body (load_balancing / scheduler lines, indented 4);
 # $2 (optional) = its instances: block (default: the ENGINES integrated engines e1…);
-# $3 (optional) = top-level keys (e.g. cost_model), not indented.
+# $3 (optional) = top-level keys (e.g. cost_model), not indented. INSTANCE_KEYS (optional):
+# more keys for every default instance line, e.g. ", cache_tokens: 16384".
 # Sets GW_PID, GW_URL, GW_ADMIN; the config is $WORK/gw.yaml.
 GW_PID=; GW_URL=; GW_ADMIN=
 start_tokengate() {
@@ -143,7 +144,7 @@ start_tokengate() {
       echo '    instances:'
       local i
       for i in $(seq 1 "$ENGINES"); do
-        echo "      - { id: e$i, addr: \"${ENGINE_URLS[$((i-1))]#http://}\" }"
+        echo "      - { id: e$i, addr: \"${ENGINE_URLS[$((i-1))]#http://}\"${INSTANCE_KEYS:-} }"
       done
     fi
   } >"$WORK/gw.yaml"

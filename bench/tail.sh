@@ -23,7 +23,8 @@
 # scheduler keys (indented as at the top level; the script puts them into the service). Any
 # name with such a file works in CONFIGS without editing this script (its first
 # "# label: …" line names the row; lines after a "# top-level:" line go to the gateway's top
-# level, e.g. cost_model). Also accepted: smg-<policy> (e.g. smg-power-of-two →
+# level, e.g. cost_model; a "# instance: cache_tokens" line gives every instance
+# `cache_tokens: KV_BLOCKS × 16`, the engines' cache size). Also accepted: smg-<policy> (e.g. smg-power-of-two →
 # smg --policy power_of_two) and direct-rr (the client round-robins over the engines).
 #
 # Defaults and why (2 cores shared by the load generator, the router and the engines; the
@@ -147,8 +148,13 @@ run_one() { # $1 = load, $2 = seed, $3 = config
   local target=() kind; kind=$(kind_of "$name")
   case $kind in
     tg)
-      # Lines after a "# top-level:" line are gateway-wide keys (e.g. cost_model).
-      start_tokengate "$(sed '/^# top-level:/,$d; s/^/    /' "bench/tail/$name.yaml")" "" \
+      # Lines after a "# top-level:" line are gateway-wide keys (e.g. cost_model); a
+      # "# instance: cache_tokens" line gives every instance the engines' KV cache size.
+      INSTANCE_KEYS=
+      if grep -q '^# instance: cache_tokens' "bench/tail/$name.yaml"; then
+        INSTANCE_KEYS=", cache_tokens: $((KV_BLOCKS * BLOCK_SIZE))"
+      fi
+      INSTANCE_KEYS=$INSTANCE_KEYS start_tokengate "$(sed '/^# top-level:/,$d; s/^/    /' "bench/tail/$name.yaml")" "" \
         "$(sed -n '/^# top-level:/,${/^# top-level:/d;p}' "bench/tail/$name.yaml")"
       cp "$WORK/gw.yaml" "$dir/gateway.yaml"
       target=(--url "$GW_URL");;
