@@ -79,14 +79,16 @@ impl HasLoad for Instance {
 impl Instance {
     /// The most blocks the prefix index lets this instance hold: its `cache_tokens`, else
     /// (with `engine_metrics.cache_size`) the KV cache size its engine reports, in blocks of
-    /// `block_tokens`. `None`: unbounded.
+    /// `block_tokens`. `None`: unbounded (also for a size under one block).
     pub fn cache_blocks(&self, block_tokens: usize) -> Option<u64> {
-        self.config_cache_blocks.or_else(|| {
-            self.engine_cache_size
-                .then(|| self.engine.cache_tokens())
-                .flatten()
-                .map(|t| t / block_tokens.max(1) as u64)
-        })
+        self.config_cache_blocks
+            .or_else(|| {
+                self.engine_cache_size
+                    .then(|| self.engine.cache_tokens())
+                    .flatten()
+                    .map(|t| t / block_tokens.max(1) as u64)
+            })
+            .filter(|b| *b > 0)
     }
 
     /// The URL of `path` on the instance: its configured origin when it is `https://` (TLS
