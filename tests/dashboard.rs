@@ -294,6 +294,10 @@ const PAGE: &[(&str, &str)] = &[
         "tokengate_prefix_index_trimmed_blocks",
         "/services/0/index/trimmed_blocks",
     ),
+    (
+        "tokengate_prefix_index_capacity_evicted_blocks",
+        "/services/0/index/capacity_evicted_blocks",
+    ),
     ("tokengate_sessions", "/services/0/sessions"),
     ("tokengate_decision_total", "/decision_calls/0/count"),
     (

@@ -325,7 +325,7 @@ function renderServices(d, hist, opts) {
     if (sv.sessions !== null && sv.sessions !== undefined) more.push(`${fmtInt(sv.sessions)} sessions`);
     const r = sv.hit_ratio;
     more.push(`${fmtNum(sv.tokens.prompt)} tokens in · ${fmtNum(sv.tokens.completion)} out`);
-    const index = `prefix index: ${fmtInt(idx.blocks)} blocks · ${fmtInt(idx.nodes)} nodes · ${fmtBytes(idx.bytes)} · evicted ${fmtBytes(idx.evicted_bytes)} · trimmed ${fmtInt(idx.trimmed_blocks)} blocks`;
+    const index = `prefix index: ${fmtInt(idx.blocks)} blocks · ${fmtInt(idx.nodes)} nodes · ${fmtBytes(idx.bytes)} · evicted ${fmtBytes(idx.evicted_bytes)} · trimmed ${fmtInt(idx.trimmed_blocks)} blocks · over cache size ${fmtInt(idx.capacity_evicted_blocks)} blocks`;
     const card = h("div", { class: "card", "data-service": sv.name },
       h("div", { class: "svc-head" }, h("span", { class: "name" }, sv.name), h("span", { class: "badge mode" }, sv.mode || "balance"),
         h("span", { class: "more", title: "prefix hit ratios since start; the chart: over 30 s windows" }, "since start · chart: 30 s windows")),
