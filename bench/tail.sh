@@ -150,9 +150,11 @@ run_one() { # $1 = load, $2 = seed, $3 = config
     tg)
       # Lines after a "# top-level:" line are gateway-wide keys (e.g. cost_model); a
       # "# instance: cache_tokens" line gives every instance the engines' KV cache size.
+      # ("# instance: cache_tokens 1.25": that many times the engines' size).
       INSTANCE_KEYS=
       if grep -q '^# instance: cache_tokens' "bench/tail/$name.yaml"; then
-        INSTANCE_KEYS=", cache_tokens: $((KV_BLOCKS * BLOCK_SIZE))"
+        local f; f=$(sed -n 's/^# instance: cache_tokens *//p' "bench/tail/$name.yaml" | head -1)
+        INSTANCE_KEYS=", cache_tokens: $(awk -v k="$((KV_BLOCKS * BLOCK_SIZE))" -v f="${f:-1}" 'BEGIN { printf "%d", k * f }')"
       fi
       INSTANCE_KEYS=$INSTANCE_KEYS start_tokengate "$(sed '/^# top-level:/,$d; s/^/    /' "bench/tail/$name.yaml")" "" \
         "$(sed -n '/^# top-level:/,${/^# top-level:/d;p}' "bench/tail/$name.yaml")"
