@@ -126,13 +126,17 @@ impl Picker for WeightedSum {
         if cands.is_empty() {
             return None;
         }
+        if !self.plugins.iter().any(|w| w.scorer.filters()) {
+            return self.sum(req, cands, rng);
+        }
         let mut dropped = Vec::new();
         let mut keep = vec![true; cands.len()];
-        for w in &self.plugins {
-            let before = keep.clone();
+        let mut before = keep.clone();
+        for w in self.plugins.iter().filter(|w| w.scorer.filters()) {
+            before.copy_from_slice(&keep);
             w.scorer.filter(req, cands, &mut keep);
             if !keep.iter().any(|k| *k) {
-                keep = before;
+                keep.copy_from_slice(&before);
                 continue;
             }
             for (i, (b, k)) in before.iter().zip(&keep).enumerate() {

@@ -26,6 +26,11 @@ pub trait Scorer: Send + Sync {
     /// (the policy picker scores the others; a filter that would leave none is ignored).
     /// Most plugins only score.
     fn filter(&self, _req: &RequestView<'_>, _cands: &[Candidate], _keep: &mut [bool]) {}
+    /// Whether [`Self::filter`] can take anything out (the policy skips the filter pass, and
+    /// its allocations, when no plugin does).
+    fn filters(&self) -> bool {
+        false
+    }
     /// The request was sent to `chosen`.
     fn on_dispatch(&self, _req: &RequestView<'_>, _chosen: &Candidate) {}
     /// The request to `chosen` finished.
@@ -298,6 +303,10 @@ impl Scorer for PredictedTtftScorer {
                 }
             };
         }
+    }
+
+    fn filters(&self) -> bool {
+        self.filter
     }
 
     fn filter(&self, req: &RequestView<'_>, cands: &[Candidate], keep: &mut [bool]) {
