@@ -53,7 +53,8 @@
 #   CONFIGS, ENGINES, KV_BLOCKS, PREFILL_TPS, SIM_TIME_SCALE, MAX_RUNNING, TENANTS, ZIPF,
 #   SYSTEM_TOKENS, USER_TOKENS, OUTPUT_TOKENS, ONE_SHOT, TURNS, THINK_TIME, DURATION (s),
 #   DRAIN (s), OUT (per-run results), MD (the markdown report), TABLE_ONLY=1 (rewrite MD and
-#   the plots from the results in OUT without running anything).
+#   the plots from the results in OUT without running anything), KEEP_REQUESTS=1 (keep every
+#   request's record — tenant, session, turn, instance, TTFT, tokens — as requests.jsonl.gz).
 # The text after "<!-- discussion -->" in the existing MD file is kept when it is rewritten.
 # Needs: cargo, python3, curl, smg (pip install smg) for smg-* configs.
 # Writes: bench/results/tail.md, bench/results/tail/<load>-ttft.svg (TTFT p50/p90/p99 per
@@ -207,6 +208,9 @@ print("   ok %d/%d, TTFT p50 %.0f p90 %.0f p99 %.0f ms, cached %.1f %% (ideal %.
     c["ok"], c["sent"], s["p50"], s["p90"], s["p99"], k["cached_ratio"] * 100, (k.get("ideal_token_hit_ratio") or 0) * 100,
     r["dispatch_lag_ms"]["p99"], open(os.path.join(d, "wall_s.txt")).read().strip()))
 PY
+  if [ -n "${KEEP_REQUESTS:-}" ] && [ -f "$WORK/requests.jsonl" ]; then
+    gzip -c "$WORK/requests.jsonl" >"$dir/requests.jsonl.gz"
+  fi
   rm -f "$WORK/requests.jsonl"
 }
 
