@@ -55,6 +55,8 @@ pub struct Instance {
     /// The engine's KV cache in prefix blocks from the config (`cache_tokens` ÷
     /// `prefix_index.block_size`); see [`Self::cache_blocks`].
     pub config_cache_blocks: Option<u64>,
+    /// `cache_tokens` as configured.
+    pub config_cache_tokens: Option<u64>,
     /// `engine_metrics.cache_size`: without `cache_tokens`, the engine's reported size counts.
     pub engine_cache_size: bool,
     /// `http[s]://host:port` as configured (side requests, health checks, metric scrapes).
@@ -89,6 +91,18 @@ impl Instance {
                     .map(|t| t / block_tokens.max(1) as u64)
             })
             .filter(|b| *b > 0)
+    }
+
+    /// The engine's KV cache in tokens when known: `cache_tokens`, else (with
+    /// `engine_metrics.cache_size`) what its engine reports.
+    pub fn cache_tokens(&self) -> Option<u64> {
+        self.config_cache_tokens
+            .or_else(|| {
+                self.engine_cache_size
+                    .then(|| self.engine.cache_tokens())
+                    .flatten()
+            })
+            .filter(|t| *t > 0)
     }
 
     /// The URL of `path` on the instance: its configured origin when it is `https://` (TLS
@@ -140,6 +154,7 @@ impl Instance {
         index: &PrefixIndex,
     ) -> Candidate {
         let s = self.load.snapshot();
+        let cache_tokens = self.cache_tokens().unwrap_or(0);
         Candidate {
             idx,
             key: self.key,
@@ -156,6 +171,13 @@ impl Instance {
             full: (self.limits.prefill > 0 && s.waiting >= self.limits.prefill)
                 || (self.limits.total > 0 && s.inflight_requests >= self.limits.total),
             cached_blocks: index.held_blocks(self.key),
+            cache_tokens,
+            // Read only where it is compared with a cache size.
+            recent_tokens: if cache_tokens > 0 {
+                self.load.recent_tokens(now_ms)
+            } else {
+                0
+            },
         }
     }
 }
@@ -573,6 +595,7 @@ impl Runtime {
                     bootstrap_port: i.bootstrap_port,
                     tls: target.tls.then(|| Arc::new(svc_tls.with_sni(&target.host))),
                     engine_cache_size: s.engine_metrics.as_ref().is_some_and(|e| e.cache_size),
+                    config_cache_tokens: i.cache_tokens,
                     config_cache_blocks: i
                         .cache_tokens
                         .map(|t| t / cfg.prefix_index.block_size.max(1) as u64),
@@ -854,8 +877,10 @@ impl Runtime {
                     "inflight_tokens": l.inflight_tokens,
                     "waiting": l.waiting,
                     "queued_prefill_tokens": l.prefill_tokens,
+                    "recent_tokens": i.load.recent_tokens(crate::clock::now_ms()),
                     "cached_blocks": s.index.held_blocks(i.key),
                     "cache_blocks": i.cache_blocks(self.block_tokens),
+                    "cache_tokens": i.cache_tokens(),
                     "slots": i.throttle.as_ref().map(|_| match i.role {
                         // A decode node's slots: its requests from dispatch to completion.
                         Role::Decode => serde_json::json!({

@@ -427,7 +427,6 @@ async fn an_instance_cache_size_keeps_the_index_in_step_with_what_the_engine_evi
     assert_eq!(cached, 0, "the engine evicted A");
     assert!(inst["cache_blocks"].is_null(), "{inst}");
     assert!(inst["cached_blocks"].as_u64().unwrap() > 64, "{inst}");
-    // With it (64 blocks) the index forgets A as the engine did, and never holds more.
     // With it (64 blocks) the index forgets A as the engine did, and never holds more; the
     // same when the size comes from the engine's metrics (vllm:cache_config_info).
     for (service, cache) in [
@@ -444,4 +443,78 @@ async fn an_instance_cache_size_keeps_the_index_in_step_with_what_the_engine_evi
         assert!(held > 0 && held <= 64, "{inst}");
         assert!(evicted.unwrap() > 0.0, "{evicted:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_request_does_not_join_an_instance_whose_kv_cache_its_in_flight_requests_fill() {
+    // Two engine-sims decoding slowly (a 100-token answer takes ~5 s). A long request on one
+    // holds ~1,100 tokens of its KV cache; a second prompt with the same ~1,000-token system
+    // prompt would go to the holder of that prefix (the prefix layer), unless the gateway knows
+    // the caches hold 1,500 tokens: then it does not fit there and least-cached sends it to the
+    // other instance.
+    let run = |cache: &'static str| async move {
+        let mut fleet = Vec::new();
+        for i in 1..=2 {
+            fleet.push(
+                engine_sim::spawn_local(engine_sim::SimConfig {
+                    id: format!("e{i}"),
+                    model: "m".into(),
+                    decode_step_ms: 50.0,
+                    time_scale: 1.0,
+                    ..Default::default()
+                })
+                .await
+                .unwrap(),
+            );
+        }
+        let instances: String = fleet
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("      - {{id: e{}, addr: \"{}\"{cache}}}\n", i + 1, s.addr))
+            .collect();
+        let gw = GatewayProc::start(&format!(
+            "services:\n  - name: m\n    scheduler: {{mode: layered}}\n    instances:\n{instances}"
+        ));
+        let c = reqwest::Client::new();
+        let system = words("sys", 650); // ~1,000 tokens
+        let mut long = chat(&system, "tell me everything", true);
+        long["max_tokens"] = serde_json::json!(100);
+        let a = c
+            .post(gw.url("/v1/chat/completions"))
+            .json(&long)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(a.status(), 200);
+        let holder = header(&a, "x-tokengate-instance");
+        // A's response is streaming: it stays in flight while B is placed.
+        let b = c
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat(&system, "a short question", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(b.status(), 200);
+        let placed = (
+            header(&b, "x-tokengate-instance"),
+            header(&b, "x-tokengate-reason"),
+        );
+        let inst = gw.instances().await["instances"][0].clone();
+        let want = if cache.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!(1500)
+        };
+        assert_eq!(inst["cache_tokens"], want, "{inst}");
+        drop(a);
+        (holder, placed)
+    };
+    // Cache size unknown: B follows the prefix to A's instance.
+    let (holder, (inst, reason)) = run("").await;
+    assert_eq!(inst, holder, "{reason}");
+    assert!(reason.starts_with("prefix("), "{reason}");
+    // 1,500-token caches: A's ~1,100 in-flight tokens + B's ~1,000 do not fit.
+    let (holder, (inst, reason)) = run(", cache_tokens: 1500").await;
+    assert_ne!(inst, holder, "{reason}");
+    assert_eq!(reason, "least-cached");
 }

@@ -56,6 +56,25 @@ pub struct Candidate {
     /// Blocks the service's prefix index believes the instance holds
     /// ([`crate::prefix::PrefixIndex::held_blocks`]): how full the gateway thinks its cache is.
     pub cached_blocks: u64,
+    /// The engine's KV cache size in tokens, when the gateway knows it (the instance's
+    /// `cache_tokens`, or the size its engine reports); 0 = unknown. With it, the prefix and
+    /// least-cached layers do not place a request where the in-flight requests' tokens
+    /// ([`Self::inflight_tokens`]) and this prompt would not fit ([`Self::kv_fits`]).
+    pub cache_tokens: u64,
+    /// Tokens of the requests completed on the instance lately (decayed over ~500 ms): the
+    /// sessions about to come back, whose history the engine should still hold then.
+    pub recent_tokens: u64,
+}
+
+impl Candidate {
+    /// Whether `prompt_tokens` more fit in the engine's KV cache next to its in-flight
+    /// requests (always, when the cache size is unknown). Past that the engine queues the
+    /// request or evicts the cached prefixes of sessions between turns, which then come back
+    /// to prefill their whole history again.
+    pub fn kv_fits(&self, prompt_tokens: u64) -> bool {
+        self.cache_tokens == 0
+            || self.inflight_tokens + self.recent_tokens + prompt_tokens <= self.cache_tokens
+    }
 }
 
 /// An engine's own load figures, scraped from its Prometheus metrics.
@@ -84,6 +103,8 @@ impl Default for Candidate {
             engine: None,
             full: false,
             cached_blocks: 0,
+            cache_tokens: 0,
+            recent_tokens: 0,
         }
     }
 }

@@ -536,6 +536,36 @@ impl Default for PrefixLayerConfig {
     }
 }
 
+/// Marks the candidates whose engine's KV cache would not hold this prompt next to its
+/// in-flight requests ([`Candidate::kv_fits`]; only those whose cache size is known) as
+/// ineligible, with a note saying so.
+fn kv_check(cx: &mut LayerCtx<'_, '_>, layer: &str) {
+    let prompt = cx.req.prompt_tokens;
+    if !cx.cands.iter().any(|c| c.kv_fits(prompt)) {
+        // Every cache is full (the fleet's working set is larger than its caches): moving
+        // the request would not make room anywhere, only cost its prefix.
+        return;
+    }
+    let mut full = String::new();
+    for (r, c) in cx.rows.iter_mut().zip(cx.cands) {
+        if !c.kv_fits(prompt) {
+            r.ineligible = true;
+            if cx.req.explain {
+                let _ = write!(
+                    full,
+                    " #{}({}+{}+{prompt}>{})",
+                    c.idx, c.inflight_tokens, c.recent_tokens, c.cache_tokens
+                );
+            }
+        }
+    }
+    if !full.is_empty() {
+        cx.notes.push(format!(
+            "{layer}: kv cache full (in-flight + recently done + prompt > cache_tokens):{full}"
+        ));
+    }
+}
+
 /// Layer 2: the prefix cache. See the module documentation.
 #[derive(Clone, Debug, Default)]
 pub struct PrefixStage(pub PrefixLayerConfig);
@@ -602,6 +632,7 @@ impl Stage for PrefixStage {
                 }
             }
         }
+        kv_check(cx, "prefix");
         if prompt_blocks == 0 {
             return None;
         }
@@ -671,11 +702,16 @@ impl Stage for LeastCachedStage {
                 cx.min_est * (1.0 + t.tolerance) + t.slack_ms,
             ));
         }
+        let prompt = cx.req.prompt_tokens;
+        let any_fits = (0..n).any(|i| cx.cost_eligible(i, &t) && cx.cands[i].kv_fits(prompt));
+        if any_fits && cx.req.explain {
+            kv_check(cx, "least-cached");
+        }
         let start = (cx.req.turn % n as u64) as usize;
         let mut best: Option<usize> = None;
         for step in 0..n {
             let i = (start + step) % n;
-            if !cx.cost_eligible(i, &t) {
+            if !cx.cost_eligible(i, &t) || (any_fits && !cx.cands[i].kv_fits(prompt)) {
                 continue;
             }
             let key = |j: usize| (cx.cands[j].cached_blocks, cx.rows[j].load);
@@ -935,6 +971,79 @@ mod tests {
         assert_eq!(d.reason, "affinity");
         let d = f.decide(&req("c", &[], 5_400_001, 0), &cs).unwrap();
         assert_eq!(d.affinity, AffinityOutcome::Unbound);
+    }
+
+    #[test]
+    fn a_full_kv_cache_is_not_chosen_by_the_prefix_or_least_cached_layers() {
+        // A load tolerance that never bites: only the KV room decides here.
+        let fh = FirstHit::balance(LbPolicy::LeastToken)
+            .then(PrefixStage(PrefixLayerConfig {
+                min_hit_ratio: 0.5,
+                eligibility: Eligibility::Load {
+                    load_tolerance: 10.0,
+                    waiting_threshold: 2,
+                },
+            }))
+            .then(LeastCachedStage(CostTolerance {
+                tolerance: 0.5,
+                slack_ms: 50.0,
+            }));
+        let p = Pipeline::new(fh);
+        let index = PrefixIndex::default();
+        let prompt: Vec<u64> = (1..=12).collect();
+        let mut cs = idle(3);
+        index.insert(&prompt, cs[0].key, 0);
+        let m = index.match_prefix(&prompt, 0);
+        let r = RequestView {
+            blocks: &prompt,
+            prompt_tokens: 192,
+            block_tokens: 16,
+            prefix: Some(&m),
+            explain: true,
+            ..Default::default()
+        };
+        let pick = |cs: &[Candidate]| p.pick(&r, cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        // Sizes unknown: the holder, whatever its in-flight tokens.
+        cs[0].inflight_tokens = 900;
+        assert_eq!(pick(&cs).reason, "prefix(1.00)");
+        // 1,000-token caches: 900 in flight + 192 do not fit on 0; least-cached takes the
+        // emptier of the others, 2.
+        cs[0].cached_blocks = 12;
+        cs[1].cached_blocks = 40;
+        for c in &mut cs {
+            c.cache_tokens = 1000;
+        }
+        let d = pick(&cs);
+        assert_eq!((d.idx, d.reason.as_ref()), (2, "least-cached"));
+        let e = d.explain();
+        assert!(e.contains("prefix: kv cache full (in-flight + recently done + prompt > cache_tokens): #0(900+0+192>1000)"), "{e}");
+        assert!(
+            e.contains("#0:load=900,wait=0,match=12(1.00)") && e.contains(",ineligible #1:"),
+            "{e}"
+        );
+        // It fits exactly: back to the holder.
+        cs[0].inflight_tokens = 808;
+        assert_eq!(pick(&cs).reason, "prefix(1.00)");
+        // Recently completed requests count too (their sessions come back soon).
+        cs[0].recent_tokens = 1;
+        assert_eq!(pick(&cs).idx, 2);
+        // When no cache has room, moving the request makes none: the prefix holder again.
+        for c in &mut cs {
+            c.inflight_tokens = 950;
+        }
+        let d = pick(&cs);
+        assert_eq!((d.idx, d.reason.as_ref()), (0, "prefix(1.00)"));
+        assert!(!d.explain().contains("kv cache full"), "{}", d.explain());
+        // And a prompt no cache holds goes by blocks alone (2 holds none).
+        let other: Vec<u64> = (100..112).collect();
+        let m = index.match_prefix(&other, 0);
+        let r = RequestView {
+            blocks: &other,
+            prefix: Some(&m),
+            ..r
+        };
+        let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        assert_eq!((d.idx, d.reason.as_ref()), (2, "least-cached"));
     }
 
     #[test]

@@ -174,7 +174,10 @@ impl Scorer for LeastTokenScorer {
 ///
 /// With `max_waiting`, a candidate with more requests waiting for their first token scores 0
 /// too (the layered prefix layer's `waiting_threshold`): a hot prefix's holder stops pulling
-/// new requests to itself once it has a queue, and the other plugins spread them.
+/// new requests to itself once it has a queue, and the other plugins spread them. So does a
+/// candidate whose KV cache has no room for the prompt next to its in-flight and recently
+/// completed requests ([`Candidate::kv_fits`], when the cache size is known and some other
+/// candidate has room), as in the layered prefix layer.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefixScorer {
     pub min_hit_ratio: f64,
@@ -202,10 +205,12 @@ impl Scorer for PrefixScorer {
         if m.prompt_blocks == 0 {
             return;
         }
+        let check_kv = cands.iter().any(|c| c.kv_fits(req.prompt_tokens));
         for (o, c) in out.iter_mut().zip(cands) {
             let r = m.ratio(c.key);
             let queued = self.max_waiting.is_some_and(|w| c.waiting > w);
-            *o = if r >= self.min_hit_ratio && !queued {
+            let full = check_kv && !c.kv_fits(req.prompt_tokens);
+            *o = if r >= self.min_hit_ratio && !queued && !full {
                 r
             } else {
                 0.0
@@ -332,7 +337,8 @@ impl Scorer for PredictedTtftScorer {
 
 /// Least cached: `2^-r` where `r` is the number of candidates the prefix index believes hold
 /// fewer blocks ([`Candidate::cached_blocks`]): the emptiest cache scores 1, equal caches
-/// score the same. Policy mode's counterpart of the layered mode's least-cached layer: with a
+/// score the same. Where the cache sizes are known, candidates without room for the prompt
+/// ([`Candidate::kv_fits`]) rank after all those with room. Policy mode's counterpart of the layered mode's least-cached layer: with a
 /// small weight it decides where a prompt no instance holds goes (a new tenant, a one-shot),
 /// so that cold prompts fill the emptiest caches; the affinity and prefix plugins outweigh it
 /// for a prompt that is cached somewhere.
@@ -346,12 +352,13 @@ impl Scorer for LeastCachedScorer {
     fn needs(&self) -> Needs {
         Needs::PREFIX
     }
-    fn score(&self, _req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
+    fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
+        // A cache with no room for the prompt ([`Candidate::kv_fits`]) ranks after every
+        // one with room (when any has).
+        let check_kv = cands.iter().any(|c| c.kv_fits(req.prompt_tokens));
+        let key = |c: &Candidate| (check_kv && !c.kv_fits(req.prompt_tokens), c.cached_blocks);
         for (o, c) in out.iter_mut().zip(cands) {
-            let fewer = cands
-                .iter()
-                .filter(|d| d.cached_blocks < c.cached_blocks)
-                .count();
+            let fewer = cands.iter().filter(|d| key(d) < key(c)).count();
             *o = 0.5f64.powi(fewer.min(1000) as i32);
         }
     }
@@ -564,6 +571,50 @@ mod tests {
         }
         LeastCachedScorer.score(&RequestView::default(), &cs, &mut out);
         assert_eq!(out, vec![1.0; 4]);
+    }
+
+    #[test]
+    fn a_full_kv_cache_ranks_last_for_least_cached_and_scores_no_prefix() {
+        let mut cs = cands(3);
+        for (c, b) in cs.iter_mut().zip([0, 10, 20]) {
+            c.cached_blocks = b;
+            c.cache_tokens = 1000;
+        }
+        // 0 is the emptiest but its in-flight and recent requests fill it.
+        cs[0].inflight_tokens = 700;
+        cs[0].recent_tokens = 200;
+        let r = RequestView {
+            prompt_tokens: 200,
+            ..Default::default()
+        };
+        let mut out = vec![0.0; 3];
+        LeastCachedScorer.score(&r, &cs, &mut out);
+        assert_eq!(out, vec![0.25, 1.0, 0.5]);
+        // Every cache full: by blocks alone again.
+        for c in &mut cs {
+            c.inflight_tokens = 900;
+        }
+        LeastCachedScorer.score(&r, &cs, &mut out);
+        assert_eq!(out, vec![1.0, 0.5, 0.25]);
+        // The prefix plugin: 0 holds the whole prompt, 1 half; 0 is full.
+        let idx = PrefixIndex::default();
+        let prompt = [1, 2, 3, 4];
+        idx.insert(&prompt, cs[0].key, 0);
+        idx.insert(&prompt[..2], cs[1].key, 0);
+        let m = idx.match_prefix(&prompt, 0);
+        let r = RequestView {
+            blocks: &prompt,
+            prompt_tokens: 200,
+            prefix: Some(&m),
+            ..Default::default()
+        };
+        cs[1].inflight_tokens = 0;
+        PrefixScorer::default().score(&r, &cs, &mut out);
+        assert_eq!(out, vec![0.0, 0.5, 0.0]);
+        // No cache has room: the match counts.
+        cs[1].inflight_tokens = 900;
+        PrefixScorer::default().score(&r, &cs, &mut out);
+        assert_eq!(out, vec![1.0, 0.5, 0.0]);
     }
 
     #[test]
