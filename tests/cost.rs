@@ -15,23 +15,31 @@ fn chat(system: &str, user: &str, stream: bool) -> serde_json::Value {
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
 }
 
-/// Two engines prefilling 400 tokens/s (real time): a 16 KB prompt takes ~10 s.
-async fn slow_pair() -> Vec<engine_sim::SimHandle> {
+/// Two engines `e1`, `e2` serving model `m` in real time, otherwise as `cfg`.
+async fn pair(cfg: engine_sim::SimConfig) -> Vec<engine_sim::SimHandle> {
     let mut fleet = Vec::new();
     for i in 1..=2 {
         fleet.push(
             engine_sim::spawn_local(engine_sim::SimConfig {
                 id: format!("e{i}"),
                 model: "m".into(),
-                prefill_tps: 400.0,
                 time_scale: 1.0,
-                ..Default::default()
+                ..cfg.clone()
             })
             .await
             .unwrap(),
         );
     }
     fleet
+}
+
+/// Two engines prefilling 400 tokens/s (real time): a 16 KB prompt takes ~10 s.
+async fn slow_pair() -> Vec<engine_sim::SimHandle> {
+    pair(engine_sim::SimConfig {
+        prefill_tps: 400.0,
+        ..Default::default()
+    })
+    .await
 }
 
 /// The value of response header `k`.
@@ -453,20 +461,11 @@ async fn a_new_request_does_not_join_an_instance_whose_kv_cache_its_in_flight_re
     // the caches hold 1,500 tokens: then it does not fit there and least-cached sends it to the
     // other instance.
     let run = |cache: &'static str| async move {
-        let mut fleet = Vec::new();
-        for i in 1..=2 {
-            fleet.push(
-                engine_sim::spawn_local(engine_sim::SimConfig {
-                    id: format!("e{i}"),
-                    model: "m".into(),
-                    decode_step_ms: 50.0,
-                    time_scale: 1.0,
-                    ..Default::default()
-                })
-                .await
-                .unwrap(),
-            );
-        }
+        let fleet = pair(engine_sim::SimConfig {
+            decode_step_ms: 50.0,
+            ..Default::default()
+        })
+        .await;
         let instances: String = fleet
             .iter()
             .enumerate()

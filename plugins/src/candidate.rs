@@ -58,8 +58,8 @@ pub struct Candidate {
     pub cached_blocks: u64,
     /// The engine's KV cache size in tokens, when the gateway knows it (the instance's
     /// `cache_tokens`, or the size its engine reports); 0 = unknown. With it, the prefix and
-    /// least-cached layers do not place a request where the in-flight requests' tokens
-    /// ([`Self::inflight_tokens`]) and this prompt would not fit ([`Self::kv_fits`]).
+    /// least-cached layers do not place a request where it would not fit next to the
+    /// in-flight and recently completed requests ([`Self::kv_fits`]).
     pub cache_tokens: u64,
     /// Tokens of the requests completed on the instance lately (decayed over ~500 ms): the
     /// sessions about to come back, whose history the engine should still hold then.
@@ -68,9 +68,10 @@ pub struct Candidate {
 
 impl Candidate {
     /// Whether `prompt_tokens` more fit in the engine's KV cache next to its in-flight
-    /// requests (always, when the cache size is unknown). Past that the engine queues the
-    /// request or evicts the cached prefixes of sessions between turns, which then come back
-    /// to prefill their whole history again.
+    /// requests ([`Self::inflight_tokens`]: prompts and expected outputs) and its recently
+    /// completed ones ([`Self::recent_tokens`]); always, when the cache size is unknown. Past
+    /// that the engine queues the request or evicts the cached prefixes of sessions between
+    /// turns, which then come back to prefill their whole history again.
     pub fn kv_fits(&self, prompt_tokens: u64) -> bool {
         self.cache_tokens == 0
             || self.inflight_tokens + self.recent_tokens + prompt_tokens <= self.cache_tokens

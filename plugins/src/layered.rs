@@ -17,10 +17,13 @@
 //!    candidate is eligible when load ≤ average × (1 + `load_tolerance`, default 0.3) and
 //!    waiting ≤ `waiting_threshold` (default 2). The eligible candidate with the longest
 //!    match wins (ties: lower load, then a rotation by `turn`) if its ratio ≥ `min_hit_ratio`
-//!    (default 0.50); otherwise it is a miss. Reason `prefix(0.83)`.
+//!    (default 0.50); otherwise it is a miss. Reason `prefix(0.83)`. Where the engines' cache
+//!    sizes are known, an instance without room for the prompt next to its in-flight and
+//!    recently completed requests ([`Candidate::kv_fits`]) is not eligible either, while
+//!    another has room.
 //! 3. **Least cached** (optional, [`LeastCachedStage`]): among the candidates with a near-best
-//!    predicted TTFT, the one the prefix index believes holds the fewest blocks. Reason
-//!    `least-cached`.
+//!    predicted TTFT (and with room in its KV cache, as above), the one the prefix index
+//!    believes holds the fewest blocks. Reason `least-cached`.
 //! 4. **Load balancing**: [`balance::pick`] with the picker's policy. Always routes.
 //!
 //! A stage is read-only while deciding; the gateway reports the dispatch
@@ -537,8 +540,8 @@ impl Default for PrefixLayerConfig {
 }
 
 /// Marks the candidates whose engine's KV cache would not hold this prompt next to its
-/// in-flight requests ([`Candidate::kv_fits`]; only those whose cache size is known) as
-/// ineligible, with a note saying so.
+/// in-flight and recently completed requests ([`Candidate::kv_fits`]; only those whose cache
+/// size is known) as ineligible, with a note saying so — unless no candidate has room.
 fn kv_check(cx: &mut LayerCtx<'_, '_>, layer: &str) {
     let prompt = cx.req.prompt_tokens;
     if !cx.cands.iter().any(|c| c.kv_fits(prompt)) {
