@@ -338,10 +338,10 @@ impl Scorer for PredictedTtftScorer {
 /// Least cached: `2^-r` where `r` is the number of candidates the prefix index believes hold
 /// fewer blocks ([`Candidate::cached_blocks`]): the emptiest cache scores 1, equal caches
 /// score the same. Where the cache sizes are known, candidates without room for the prompt
-/// ([`Candidate::kv_fits`]) rank after all those with room. Policy mode's counterpart of the layered mode's least-cached layer: with a
-/// small weight it decides where a prompt no instance holds goes (a new tenant, a one-shot),
-/// so that cold prompts fill the emptiest caches; the affinity and prefix plugins outweigh it
-/// for a prompt that is cached somewhere.
+/// ([`Candidate::kv_fits`]) rank after all those with room. Policy mode's counterpart of the
+/// layered mode's least-cached layer: with a small weight it decides where a prompt no
+/// instance holds goes (a new tenant, a one-shot), so that cold prompts fill the emptiest
+/// caches; the affinity and prefix plugins outweigh it for a prompt that is cached somewhere.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LeastCachedScorer;
 
