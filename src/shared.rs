@@ -50,7 +50,37 @@ impl Shared {
 
     /// Swaps in a reloaded runtime and tells the background loops.
     pub fn install(&self, rt: Runtime) {
-        self.runtime.store(Arc::new(rt));
+        let old = self.runtime.swap(Arc::new(rt));
+        forget_removed_instances(&old, &self.runtime.load());
         self.generation.send_modify(|g| *g += 1);
+    }
+}
+
+/// An instance that left a service whose prefix index the new runtime keeps, or now has
+/// another address (a restarted pod), leaves the index too: nothing routes to the old one
+/// any more, and an engine that comes back under the same id starts with an empty KV cache.
+fn forget_removed_instances(old: &Runtime, new: &Runtime) {
+    for s in &old.ordered {
+        let Some(n) = new.services.get(&s.name) else {
+            continue; // the service is gone, and its index with it
+        };
+        if !Arc::ptr_eq(&s.index, &n.index) {
+            continue;
+        }
+        for i in &s.instances {
+            if !n
+                .instances
+                .iter()
+                .any(|x| x.key == i.key && x.addr == i.addr)
+            {
+                let nodes = n.index.remove_instance(i.key);
+                log::info!(
+                    "service {}: instance {} left (or moved from {}); its prefix index entries removed ({nodes} nodes it alone held)",
+                    s.name,
+                    i.id,
+                    i.addr
+                );
+            }
+        }
     }
 }

@@ -109,6 +109,48 @@ async fn reload_swaps_config_without_dropping_streams() {
     }
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     gw.wait_idle().await;
+
+    // e2 computed a prompt of several prefix blocks; when e2 leaves the service, the prefix
+    // index forgets what it held (e1's prompts were shorter than a block).
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "m", "max_tokens": 1,
+            "messages": [{"role": "user", "content": "word ".repeat(400)}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-tokengate-instance"], "e2");
+    r.bytes().await.unwrap();
+    gw.wait_idle().await;
+    let index_blocks = |v: &serde_json::Value| v["prefix_indexes"][0]["blocks"].as_u64().unwrap();
+    let v = gw.instances().await;
+    assert!(index_blocks(&v) > 10, "{v:#}");
+    assert_eq!(
+        v["instances"][1]["cached_blocks"],
+        index_blocks(&v),
+        "{v:#}"
+    );
+    std::fs::write(
+        &cfg_path,
+        format!(
+            "{header}services:\n  - name: m\n    load_balancing: least-request\n    instances:\n      - {{id: e1, addr: \"{}\"}}\n",
+            fleet[0].addr
+        ),
+    )
+    .unwrap();
+    eventually("e2 to leave", || async {
+        instances_of(&gw.instances().await) == vec!["e1"]
+    })
+    .await;
+    // (The index is cleared right after the swap.)
+    eventually("the index to forget e2", || async {
+        index_blocks(&gw.instances().await) == 0
+    })
+    .await;
+    eventually("the log line", || async {
+        gw.log_text().contains("instance e2 left")
+    })
+    .await;
 }
 
 fn sessions_of(v: &serde_json::Value, scheduler: &str) -> u64 {

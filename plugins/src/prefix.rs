@@ -691,10 +691,12 @@ impl PrefixIndex {
         removed
     }
 
-    /// Drops every entry of an instance (it left the service). Returns the nodes removed.
+    /// Drops every entry of an instance (it left the service), and its held-blocks count.
+    /// Returns the nodes removed.
     pub fn remove_instance(&self, key: InstanceKey) -> u64 {
         let t = self.prune(|h| h.key != key, |_| true);
         self.c.expired_nodes.fetch_add(t.nodes as u64, Relaxed);
+        self.held.write().remove(&key);
         t.nodes as u64
     }
 
@@ -1026,9 +1028,13 @@ mod tests {
         assert_eq!((m.matched(k(1)), m.matched(k(2))), (8, 0));
         assert_eq!(ix.match_prefix(&seq(100..110), 0).best, 0);
         check(&ix);
+        // Its held-blocks count goes too (instance ids churn: pods come and go).
+        assert_eq!((ix.held_blocks(k(1)), ix.held_blocks(k(2))), (8, 0));
+        assert!(!ix.held.read().contains_key(&k(2)));
         ix.remove_instance(k(1));
         assert_eq!(ix.gauges().nodes, 0);
         assert_eq!(ix.gauges().bytes, 0);
+        assert!(ix.held.read().is_empty());
     }
 
     #[test]
