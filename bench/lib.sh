@@ -125,7 +125,8 @@ pd_instances_yaml() {
 # addresses); $1 = the service's YAML body (load_balancing / scheduler lines, indented 4);
 # $2 (optional) = its instances: block (default: the ENGINES integrated engines e1…);
 # $3 (optional) = top-level keys (e.g. cost_model), not indented. INSTANCE_KEYS (optional):
-# more keys for every default instance line, e.g. ", cache_tokens: 16384".
+# more keys for every default instance line, e.g. ", cache_tokens: 16384". PREFIX_INDEX_KEYS
+# (optional): more prefix_index keys, e.g. ", learn_cache_size: false".
 # Sets GW_PID, GW_URL, GW_ADMIN; the config is $WORK/gw.yaml.
 GW_PID=; GW_URL=; GW_ADMIN=
 start_tokengate() {
@@ -133,7 +134,7 @@ start_tokengate() {
     echo 'listen: ["127.0.0.1:0"]'
     echo 'admin_listen: "127.0.0.1:0"'
     echo 'threads: 2'
-    echo "prefix_index: { block_size: $BLOCK_SIZE }"
+    echo "prefix_index: { block_size: $BLOCK_SIZE${PREFIX_INDEX_KEYS:-} }"
     if [ -n "${3:-}" ]; then printf '%s\n' "$3"; fi
     echo 'services:'
     echo "  - name: $MODEL"
@@ -149,7 +150,7 @@ start_tokengate() {
     fi
   } >"$WORK/gw.yaml"
   "$BIN" check -c "$WORK/gw.yaml" >/dev/null
-  RUST_LOG=warn "$BIN" serve -c "$WORK/gw.yaml" >"$WORK/gw.out" 2>"$WORK/gw.log" &
+  RUST_LOG=${GW_LOG:-warn} "$BIN" serve -c "$WORK/gw.yaml" >"$WORK/gw.out" 2>"$WORK/gw.log" &
   GW_PID=$!; PIDS+=($GW_PID)
   GW_URL=$(wait_line "$WORK/gw.out" 'proxy listening on http://')
   GW_ADMIN=$(wait_line "$WORK/gw.out" 'admin listening on http://')

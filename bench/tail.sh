@@ -24,7 +24,8 @@
 # name with such a file works in CONFIGS without editing this script (its first
 # "# label: …" line names the row; lines after a "# top-level:" line go to the gateway's top
 # level, e.g. cost_model; a "# instance: cache_tokens" line gives every instance
-# `cache_tokens: KV_BLOCKS × 16`, the engines' cache size). Also accepted: smg-<policy> (e.g. smg-power-of-two →
+# `cache_tokens: KV_BLOCKS × 16`, the engines' cache size; a "# prefix_index: k: v" line adds
+# keys to the gateway's prefix_index). Also accepted: smg-<policy> (e.g. smg-power-of-two →
 # smg --policy power_of_two) and direct-rr (the client round-robins over the engines).
 #
 # Defaults and why (2 cores shared by the load generator, the router and the engines; the
@@ -54,7 +55,9 @@
 #   SYSTEM_TOKENS, USER_TOKENS, OUTPUT_TOKENS, ONE_SHOT, TURNS, THINK_TIME, DURATION (s),
 #   DRAIN (s), OUT (per-run results), MD (the markdown report), TABLE_ONLY=1 (rewrite MD and
 #   the plots from the results in OUT without running anything), KEEP_REQUESTS=1 (keep every
-#   request's record — tenant, session, turn, instance, TTFT, tokens — as requests.jsonl.gz).
+#   request's record — tenant, session, turn, instance, TTFT, tokens — as requests.jsonl.gz),
+#   GW_LOG (the gateway's RUST_LOG, e.g. "warn,tokengate=debug" for every routing decision's
+#   explanation; the log is kept as gateway.log.gz).
 # The text after "<!-- discussion -->" in the existing MD file is kept when it is rewritten.
 # Needs: cargo, python3, curl, smg (pip install smg) for smg-* configs.
 # Writes: bench/results/tail.md, bench/results/tail/<load>-ttft.svg (TTFT p50/p90/p99 per
@@ -151,13 +154,15 @@ run_one() { # $1 = load, $2 = seed, $3 = config
     tg)
       # Lines after a "# top-level:" line are gateway-wide keys (e.g. cost_model); a
       # "# instance: cache_tokens" line gives every instance the engines' KV cache size.
-      # ("# instance: cache_tokens 1.25": that many times the engines' size).
+      # ("# instance: cache_tokens 1.25": that many times the engines' size). A
+      # "# prefix_index: k: v" line adds keys to the gateway's prefix_index.
       INSTANCE_KEYS=
+      PREFIX_INDEX_KEYS=$(sed -n 's/^# prefix_index: */, /p' "bench/tail/$name.yaml" | head -1)
       if grep -q '^# instance: cache_tokens' "bench/tail/$name.yaml"; then
         local f; f=$(sed -n 's/^# instance: cache_tokens *//p' "bench/tail/$name.yaml" | head -1)
         INSTANCE_KEYS=", cache_tokens: $(awk -v k="$((KV_BLOCKS * BLOCK_SIZE))" -v f="${f:-1}" 'BEGIN { printf "%d", k * f }')"
       fi
-      INSTANCE_KEYS=$INSTANCE_KEYS start_tokengate "$(sed '/^# top-level:/,$d; s/^/    /' "bench/tail/$name.yaml")" "" \
+      INSTANCE_KEYS=$INSTANCE_KEYS PREFIX_INDEX_KEYS=$PREFIX_INDEX_KEYS start_tokengate "$(sed '/^# top-level:/,$d; s/^/    /' "bench/tail/$name.yaml")" "" \
         "$(sed -n '/^# top-level:/,${/^# top-level:/d;p}' "bench/tail/$name.yaml")"
       cp "$WORK/gw.yaml" "$dir/gateway.yaml"
       target=(--url "$GW_URL");;
@@ -181,6 +186,7 @@ run_one() { # $1 = load, $2 = seed, $3 = config
     curl -sf "$GW_ADMIN/admin/instances" >"$dir/instances.json" || true
     grep -ciE 'error|panic' "$WORK/gw.log" >"$dir/gateway_log_errors.txt" || true
     stop "$GW_PID"
+    if [ -n "${GW_LOG:-}" ]; then gzip -c "$WORK/gw.log" >"$dir/gateway.log.gz"; fi
   elif [ "$kind" = smg ]; then
     tail -n 50 "$WORK/smg.log" >"$dir/smg.log.tail"
     stop "$SMG_PID"
@@ -196,13 +202,21 @@ run_one() { # $1 = load, $2 = seed, $3 = config
   } >"$dir/engines.json"
   stop "${ENGINE_PIDS[@]}"
   echo "$(( $(date +%s) - t1 ))" >"$dir/wall_s.txt"
-  python3 - "$dir" "$WORK/requests.jsonl" >&2 <<'PY'
+  python3 - "$dir" "$WORK/requests.jsonl" "$((PREFILL_TPS * SIM_TIME_SCALE))" >&2 <<'PY'
 import json, os, sys
-d, reqs = sys.argv[1:3]
+d, reqs, tps = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if not os.path.exists(os.path.join(d, "report.json")):
     print("   no report"); sys.exit(0)
-t = sorted(round(json.loads(l)["ttft_ms"], 1) for l in open(reqs) if '"ttft_ms"' in l and '"error"' not in l) if os.path.exists(reqs) else []
+rs = [json.loads(l) for l in open(reqs) if '"ttft_ms"' in l and '"error"' not in l] if os.path.exists(reqs) else []
+rs = [x for x in rs if x.get("ttft_ms") is not None]
+t = sorted(round(x["ttft_ms"], 1) for x in rs)
 json.dump(t, open(os.path.join(d, "ttft_ms.json"), "w"), separators=(",", ":"))
+# Wait: each request's TTFT less its own prefill (the uncached tokens the engine reported at
+# the engines' prefill rate): the time it spent behind other work (queue, others' prefills).
+wait = sorted(x["ttft_ms"] - ((x.get("prompt_tokens") or 0) - (x.get("cached_tokens") or 0)) / tps * 1000 for x in rs)
+if wait:
+    q = lambda p: wait[min(len(wait) - 1, max(0, -(-len(wait) * p // 100) - 1))]
+    json.dump({"p50": q(50), "p90": q(90), "p99": q(99)}, open(os.path.join(d, "wait_ms.json"), "w"))
 r = json.load(open(os.path.join(d, "report.json"))); c = r["counts"]; s = r["ttft_ms"]; k = r["tokens"]
 print("   ok %d/%d, TTFT p50 %.0f p90 %.0f p99 %.0f ms, cached %.1f %% (ideal %.1f %%), lag p99 %.0f ms, %s s" % (
     c["ok"], c["sent"], s["p50"], s["p90"], s["p99"], k["cached_ratio"] * 100, (k.get("ideal_token_hit_ratio") or 0) * 100,

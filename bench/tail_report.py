@@ -102,6 +102,7 @@ def run(load, seed, config):
         "per": per, "cv": cv, "imbalance": sum(ratios) / len(ratios) if ratios else 1.0,
         "gw": gw, "decisions": decisions, "evicted": evicted, "peak_prefill": peak_prefill,
         "lag99": r["dispatch_lag_ms"]["p99"], "ttft": read_json(os.path.join(d, "ttft_ms.json")) or [],
+        "wait": read_json(os.path.join(d, "wait_ms.json")),
         "wall": (open(os.path.join(d, "wall_s.txt")).read().strip() if os.path.exists(os.path.join(d, "wall_s.txt")) else "?"),
     }
 
@@ -205,22 +206,27 @@ w("Columns: **sent** = requests sent (later turns depend on earlier answers, so 
   f"over all {ENGINES} (client view, 1.0 = even); **gw** = tokengate's own `tokengate_prefix_hit_ratio` "
   "ceiling / predicted / engine (best instance by its prefix index, the chosen instance, what the engines reported) "
   "scraped from the admin `/metrics`; **evicted** = KV blocks the engines evicted; **peak prefill** = the most "
-  "requests one engine had in their prefill phase at once, queued or prefilling (both from engine-sim's `/admin/stats`).")
+  "requests one engine had in their prefill phase at once, queued or prefilling (both from engine-sim's `/admin/stats`); "
+  "**wait** p50 / p90 / p99 = per request, TTFT less its own prefill (the uncached tokens the engine reported at the "
+  "engines' prefill rate): the time spent behind other work, the part of the TTFT routing decides once the cache hits "
+  "are given.")
 w("")
 for l in loads:
     w(f"## {l} load: {rate(l)} sessions/s")
     w("")
     w(f"![TTFT p50/p90/p99 per config and seed]({rel}/{l}-ttft.svg) ![TTFT tail per config]({rel}/{l}-tail.svg)")
     w("")
-    w("| config | seed | sent | ok | TTFT mean | p50 | p90 | p99 | cached | ideal | ÷ ideal | req/engine (CV) | imbalance | gw ceiling / predicted / engine | evicted | peak prefill | errors |")
-    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---|")
+    w("| config | seed | sent | ok | TTFT mean | p50 | p90 | p99 | wait p50 / p90 / p99 | cached | ideal | ÷ ideal | req/engine (CV) | imbalance | gw ceiling / predicted / engine | evicted | peak prefill | errors |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---|")
     for c in configs:
         for s in seeds:
             v = R[(l, s, c)]
             if not v:
-                w(f"| {c} | {s} | no result |||||||||||||||")
+                w(f"| {c} | {s} | no result ||||||||||||||||")
                 continue
-            w(f"| {c} | {s} | {v['sent']} | {v['ok']} | {ms(v['mean'])} | {ms(v['p50'])} | {ms(v['p90'])} | {ms(v['p99'])} | "
+            wt = v["wait"]
+            wait = " / ".join(ms(wt[k]) for k in ("p50", "p90", "p99")) if wt else "–"
+            w(f"| {c} | {s} | {v['sent']} | {v['ok']} | {ms(v['mean'])} | {ms(v['p50'])} | {ms(v['p90'])} | {ms(v['p99'])} | {wait} | "
               f"{pct(v['cached'])} | {pct(v['ideal'])} | {ratio(v['of_ideal'])} | {min(v['per'])}–{max(v['per'])} ({v['cv']:.2f}) | "
               f"{v['imbalance']:.2f} | {gw_cell(v)} | {v['evicted']:,} | {v['peak_prefill']} | {err_cell(v)} |")
     w("")
