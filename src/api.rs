@@ -12,8 +12,6 @@ use std::borrow::Cow;
 
 /// Bytes per token used for estimates (the engines' average for English text and code).
 pub const BYTES_PER_TOKEN: usize = 4;
-/// Output tokens assumed for in-flight accounting when a request names no limit.
-pub const DEFAULT_EXPECTED_OUTPUT: u64 = 256;
 
 /// The inference APIs tokengate proxies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,9 +76,10 @@ pub struct RequestInfo {
 }
 
 impl RequestInfo {
-    /// Prompt estimate plus expected output: the request's weight for `least-token`.
-    pub fn expected_tokens(&self) -> u64 {
-        self.prompt_tokens_est + self.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT)
+    /// Prompt estimate plus expected output (see [`crate::load::MeanOutput::expected`]):
+    /// the request's in-flight tokens (`least-token`, the KV-room check).
+    pub fn expected_tokens(&self, output: &crate::load::MeanOutput) -> u64 {
+        self.prompt_tokens_est + output.expected(self.max_tokens)
     }
 }
 

@@ -126,6 +126,49 @@ impl InstanceLoad {
     }
 }
 
+/// Output tokens assumed for a request before its service's first answers (and the least a
+/// `max_tokens` is capped to, see [`MeanOutput::expected`]).
+pub const DEFAULT_EXPECTED_OUTPUT: u64 = 256;
+
+/// A service's typical answer length: a moving average of the completion tokens its engines
+/// reported (weight 1/64 per answer), starting at
+/// [`DEFAULT_EXPECTED_OUTPUT`]. Lock-free (an `f64` in an atomic).
+#[derive(Debug)]
+pub struct MeanOutput(AtomicU64);
+
+impl Default for MeanOutput {
+    fn default() -> Self {
+        MeanOutput(AtomicU64::new((DEFAULT_EXPECTED_OUTPUT as f64).to_bits()))
+    }
+}
+
+impl MeanOutput {
+    /// One answer of `tokens` completion tokens.
+    pub fn observe(&self, tokens: u64) {
+        let _ = self.0.fetch_update(Relaxed, Relaxed, |b| {
+            let m = f64::from_bits(b);
+            Some((m + (tokens as f64 - m) / 64.0).to_bits())
+        });
+    }
+
+    /// The average answer, tokens (at least 1).
+    pub fn get(&self) -> u64 {
+        (f64::from_bits(self.0.load(Relaxed)).round() as u64).max(1)
+    }
+
+    /// The output tokens a request is expected to hold KV for and generate: its
+    /// `max_tokens`, but no more than four average answers (at least
+    /// [`DEFAULT_EXPECTED_OUTPUT`]) — clients often ask for far more than they get
+    /// (coding agents send `max_tokens: 32000`) — and the average answer without one.
+    pub fn expected(&self, max_tokens: Option<u64>) -> u64 {
+        let mean = self.get();
+        match max_tokens {
+            Some(m) => m.min((4 * mean).max(DEFAULT_EXPECTED_OUTPUT)),
+            None => mean,
+        }
+    }
+}
+
 /// Anything that owns an [`InstanceLoad`] (the gateway's instance type).
 pub trait HasLoad: Send + Sync {
     fn load(&self) -> &InstanceLoad;
@@ -314,6 +357,31 @@ impl<I: HasLoad> Drop for LoadGuard<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_max_tokens_counts_as_a_few_average_answers() {
+        let m = MeanOutput::default();
+        assert_eq!(m.get(), 256);
+        // Before any answer: max_tokens up to 1,024 (4 × 256) as given, beyond that 1,024.
+        assert_eq!(m.expected(Some(100)), 100);
+        assert_eq!(m.expected(Some(32_000)), 1_024);
+        assert_eq!(m.expected(None), 256);
+        // Answers of ~2,000 tokens: the cap follows (4 × the average).
+        for _ in 0..2_000 {
+            m.observe(2_000);
+        }
+        assert_eq!(m.get(), 2_000);
+        assert_eq!(m.expected(Some(32_000)), 8_000);
+        assert_eq!(m.expected(Some(3_000)), 3_000);
+        assert_eq!(m.expected(None), 2_000);
+        // Short answers: the cap never goes below 256 (a max_tokens of 200 stays 200).
+        for _ in 0..2_000 {
+            m.observe(10);
+        }
+        assert_eq!(m.get(), 10);
+        assert_eq!(m.expected(Some(200)), 200);
+        assert_eq!(m.expected(Some(5_000)), 256);
+    }
 
     #[test]
     fn recent_completions_decay_and_survive_the_clock_wrapping() {

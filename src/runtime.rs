@@ -193,6 +193,9 @@ pub struct Service {
     /// them is inserted, whatever the scheduler (so the hit-rate ceiling is always known).
     pub index: Arc<PrefixIndex>,
     pub counters: ServiceCounters,
+    /// The service's average answer length (kept across reloads): a request's expected
+    /// output tokens (`max_tokens` capped by it, see [`crate::load::MeanOutput::expected`]).
+    pub output: Arc<crate::load::MeanOutput>,
     /// Request throttling, when configured (kept across reloads: its queue survives).
     pub throttle: Option<Arc<Throttle>>,
     /// Prefill/decode disaggregation: `sched` picks the prefill instance, this the decode one.
@@ -637,6 +640,7 @@ impl Runtime {
                 sched,
                 index,
                 counters: metrics.service_counters(&s.name),
+                output: prev_svc.map(|p| p.output.clone()).unwrap_or_default(),
                 throttle,
                 pd: s.pd.as_ref().map(|pd| Pd {
                     mode: pd.mode,

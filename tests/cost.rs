@@ -161,6 +161,55 @@ async fn requests_queued_in_an_engine_by_someone_else_count() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_max_tokens_counts_as_a_few_average_answers_in_flight() {
+    // An engine that decodes slowly (50 ms per token): the streams stay in flight.
+    let sim = engine_sim::spawn_local(engine_sim::SimConfig {
+        id: "e1".into(),
+        model: "m".into(),
+        decode_step_ms: 50.0,
+        time_scale: 1.0,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    instances:\n      - {{id: e1, addr: \"{}\"}}\n",
+        sim.addr
+    ));
+    let c = reqwest::Client::new();
+    let stream = |max_tokens: u64| {
+        let c = c.clone();
+        let url = gw.url("/v1/chat/completions");
+        async move {
+            let r = c
+                .post(url)
+                .json(
+                    &serde_json::json!({"model": "m", "stream": true, "max_tokens": max_tokens,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+                )
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r
+        }
+    };
+    let inflight = || async { gw.instances().await["instances"][0]["inflight_tokens"].clone() };
+    // A coding agent's max_tokens: before any answer the service's average is 256, so it
+    // counts 4 × 256 = 1,024 output tokens, not 32,000.
+    let big = stream(32_000).await;
+    let t = inflight().await.as_u64().unwrap();
+    assert!((1_024..1_100).contains(&t), "{t}");
+    // A small max_tokens counts as given.
+    let small = stream(100).await;
+    let t2 = inflight().await.as_u64().unwrap();
+    assert!((t + 100..t + 176).contains(&t2), "{t} {t2}");
+    drop((big, small));
+    gw.wait_idle().await;
+    assert_eq!(inflight().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_metrics_in_sglang_names_are_read_too() {
     let sim = engine_sim::spawn_local(engine_sim::SimConfig {
         id: "sg1".into(),

@@ -298,6 +298,9 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 }
                 if let Some(x) = u.completion {
                     c.tokens_completion.inc_by(x);
+                    if outcome == Outcome::Completed {
+                        l.service.output.observe(x);
+                    }
                 }
                 if let Some(x) = u.cached {
                     c.tokens_cached.inc_by(x);

@@ -213,7 +213,7 @@ impl Ask<'_> {
         inst: &Arc<Instance>,
         uncached: u64,
     ) -> Option<LoadGuard<Instance>> {
-        let tokens = self.plan.info.expected_tokens();
+        let tokens = self.plan.info.expected_tokens(&service.output);
         let Some(t) = &service.throttle else {
             return Some(LoadGuard::acquire(inst.clone(), tokens, uncached));
         };
