@@ -126,7 +126,7 @@ pd_instances_yaml() {
 # $2 (optional) = its instances: block (default: the ENGINES integrated engines e1…);
 # $3 (optional) = top-level keys (e.g. cost_model), not indented. INSTANCE_KEYS (optional):
 # more keys for every default instance line, e.g. ", cache_tokens: 16384". PREFIX_INDEX_KEYS
-# (optional): more prefix_index keys, e.g. ", learn_cache_size: false".
+# (optional): more prefix_index keys, e.g. ", ttl: 10m".
 # Sets GW_PID, GW_URL, GW_ADMIN; the config is $WORK/gw.yaml.
 GW_PID=; GW_URL=; GW_ADMIN=
 start_tokengate() {
