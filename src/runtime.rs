@@ -966,8 +966,19 @@ impl Runtime {
                 })
             })
             .collect();
+        let services: Vec<serde_json::Value> = self
+            .ordered
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "service": s.name,
+                    "mean_output_tokens": s.output.get(),
+                })
+            })
+            .collect();
         serde_json::json!({
             "instances": list,
+            "services": services,
             "schedulers": schedulers,
             "prefix_indexes": indexes,
             "throttles": throttles,

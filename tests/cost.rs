@@ -207,6 +207,20 @@ async fn a_huge_max_tokens_counts_as_a_few_average_answers_in_flight() {
     drop((big, small));
     gw.wait_idle().await;
     assert_eq!(inflight().await, 0);
+    // Cancelled streams teach nothing; a completed answer of 4 tokens moves the service's
+    // average a 64th of the way from 256: 252.
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "m", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    gw.wait_idle().await;
+    let v = gw.instances().await;
+    assert_eq!(v["services"][0]["mean_output_tokens"], 252, "{v:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
