@@ -537,10 +537,16 @@ pub(crate) fn service(name: &str, instances: &[(&str, SocketAddr)]) -> String {
     s
 }
 
-/// A loopback address nobody listens on (bound, then closed).
+/// A loopback address nobody listens on, whose connections are refused.
 pub(crate) fn dead_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    // A port bound but never listening: connections to it are refused, and since the socket
+    // lives until the test process ends, the port is never handed to another listener (a
+    // closed listener's port can be — the gateway's own, say — and then "dead" answers).
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = s.local_addr().unwrap();
+    Box::leak(Box::new(s));
+    addr
 }
 
 /// `n` engine-sims serving `model`, ids `{prefix}1..n`.
