@@ -170,7 +170,7 @@ impl Instance {
                 .and_then(|age| self.engine.fresh(now_ms, age)),
             full: (self.limits.prefill > 0 && s.waiting >= self.limits.prefill)
                 || (self.limits.total > 0 && s.inflight_requests >= self.limits.total),
-            cached_blocks: index.held_blocks(self.key),
+            placed_blocks: index.placed_blocks(self.key),
             cache_tokens,
             // Read only where it is compared with a cache size.
             recent_tokens: if cache_tokens > 0 {
@@ -883,6 +883,7 @@ impl Runtime {
                     "queued_prefill_tokens": l.prefill_tokens,
                     "recent_tokens": i.load.recent_tokens(crate::clock::now_ms()),
                     "cached_blocks": s.index.held_blocks(i.key),
+                    "placed_blocks": s.index.placed_blocks(i.key),
                     "cache_blocks": i.cache_blocks(self.block_tokens),
                     "cache_tokens": i.cache_tokens(),
                     "slots": i.throttle.as_ref().map(|_| match i.role {

@@ -512,8 +512,86 @@ async fn an_instance_cache_size_keeps_the_index_in_step_with_what_the_engine_evi
         assert_eq!(inst["cache_blocks"], 64, "{inst}");
         let held = inst["cached_blocks"].as_u64().unwrap();
         assert!(held > 0 && held <= 64, "{inst}");
+        // What it forgot still counts as placed there (least-cached compares that).
+        assert!(inst["placed_blocks"].as_u64().unwrap() > 64, "{inst}");
         assert!(evicted.unwrap() > 0.0, "{evicted:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_cached_counts_what_a_cache_size_bound_forgot() {
+    // Two engines of 64 blocks (1,024 tokens), the gateway told so. Session s1 sends three
+    // prompts (~18, ~18, ~36 blocks) to one instance, X: the index's bound forgets the first
+    // there (X then holds ~54 blocks by the index, ~72 placed). Session s2's ~58-block
+    // prompt goes to the other, Y. A cold prompt then goes to Y, where fewer blocks were
+    // placed (58 < 72), though the index believes X holds fewer (54 < 58): X's engine has
+    // been given more distinct work, and its cache turned over for it. (Each prompt fits
+    // next to the ones completed just before: the KV-room check does not decide here.)
+    let fleet = pair(engine_sim::SimConfig {
+        block_size: 16,
+        kv_blocks: 64,
+        ..Default::default()
+    })
+    .await;
+    let instances = sim_instances(&fleet).replace("\"}", "\", cache_tokens: 1024}");
+    assert_eq!(instances.matches("cache_tokens").count(), 2, "{instances}");
+    let gw = GatewayProc::start(&format!(
+        "prefix_index: {{block_size: 16}}\nservices:\n  - name: m\n    scheduler: {{mode: layered}}\n{instances}"
+    ));
+    let c = reqwest::Client::new();
+    let post = |body: serde_json::Value, session: Option<&'static str>| {
+        let mut rq = c.post(gw.url("/v1/chat/completions")).json(&body);
+        if let Some(s) = session {
+            rq = rq.header("x-session-id", s);
+        }
+        async move {
+            let r = rq.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let got = (
+                header(&r, "x-tokengate-instance"),
+                header(&r, "x-tokengate-reason"),
+            );
+            r.bytes().await.unwrap();
+            got
+        }
+    };
+    let (x, _) = post(chat(&words("a", 250), "q", false), Some("s1")).await;
+    for body in [
+        chat(&words("b", 250), "q", false),
+        chat(&words("c", 470), "q", false),
+    ] {
+        // The index orders entries by their last use in 100 ms ticks: a new tick.
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await; // ok-sleep: the index's clock must move on, no server is awaited
+        let (to, reason) = post(body, Some("s1")).await;
+        assert_eq!(to, x, "{reason}");
+    }
+    let (y, reason) = post(chat(&words("d", 760), "q", false), Some("s2")).await;
+    assert_ne!(y, x, "{reason}");
+    gw.wait_idle().await;
+    let v = gw.instances().await;
+    let blocks = |id: &str, k: &str| {
+        v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["id"] == id)
+            .unwrap()[k]
+            .as_u64()
+            .unwrap()
+    };
+    let (x_held, x_placed) = (blocks(&x, "cached_blocks"), blocks(&x, "placed_blocks"));
+    let (y_held, y_placed) = (blocks(&y, "cached_blocks"), blocks(&y, "placed_blocks"));
+    assert!(
+        x_held < y_held && y_held == y_placed && y_placed < x_placed,
+        "{v:#}"
+    );
+    assert!(x_placed > 64, "the bound forgot A on {x}: {v:#}");
+    let (to, reason) = post(chat(&words("e", 10), "q", false), None).await;
+    assert_eq!(
+        (to.as_str(), reason.as_str()),
+        (y.as_str(), "least-cached"),
+        "{v:#}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

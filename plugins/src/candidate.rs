@@ -53,9 +53,11 @@ pub struct Candidate {
     pub engine: Option<EngineLoad>,
     /// Every throttling slot of the instance is taken (instance-scope limits).
     pub full: bool,
-    /// Blocks the service's prefix index believes the instance holds
-    /// ([`crate::prefix::PrefixIndex::held_blocks`]): how full the gateway thinks its cache is.
-    pub cached_blocks: u64,
+    /// Blocks the gateway has placed on the instance
+    /// ([`crate::prefix::PrefixIndex::placed_blocks`]): what its prefix index believes the
+    /// instance holds, plus what the index forgot because it held more than the engine's
+    /// cache size — how much distinct work went there (least-cached compares it).
+    pub placed_blocks: u64,
     /// The engine's KV cache size in tokens, when the gateway knows it (the instance's
     /// `cache_tokens`, or the size its engine reports); 0 = unknown. With it, the prefix and
     /// least-cached layers do not place a request where it would not fit next to the
@@ -103,7 +105,7 @@ impl Default for Candidate {
             prefill_tokens: 0,
             engine: None,
             full: false,
-            cached_blocks: 0,
+            placed_blocks: 0,
             cache_tokens: 0,
             recent_tokens: 0,
         }

@@ -672,8 +672,10 @@ impl Stage for PrefixStage {
 /// Layer 3 (optional): where a request goes when no instance is preferred for its session or
 /// its cache — a new tenant's first request, a one-shot with an unseen prompt, a session whose
 /// cached instance was too busy. Among the candidates whose predicted TTFT is within the
-/// tolerance of the best, the one the prefix index believes holds the fewest blocks
-/// ([`Candidate::cached_blocks`]); ties: lower load, then a rotation. Whatever lands there
+/// tolerance of the best, the one the gateway has placed the fewest blocks on
+/// ([`Candidate::placed_blocks`]: what the prefix index believes it holds, plus what a
+/// cache-size bound made the index forget — where the bound applies, every busy instance's
+/// held blocks sit at its cache size); ties: lower load, then a rotation. Whatever lands there
 /// will be cached there, so cold prompts fill the emptiest caches first and the fleet's
 /// caches hold more distinct prefixes between them, rather than whichever instance was
 /// momentarily least loaded taking a hot new tenant next to its other hot ones. Reason
@@ -717,7 +719,7 @@ impl Stage for LeastCachedStage {
             if !cx.cost_eligible(i, &t) || (any_fits && !cx.cands[i].kv_fits(prompt)) {
                 continue;
             }
-            let key = |j: usize| (cx.cands[j].cached_blocks, cx.rows[j].load);
+            let key = |j: usize| (cx.cands[j].placed_blocks, cx.rows[j].load);
             if best.is_none_or(|b| key(i) < key(b)) {
                 best = Some(i);
             }
@@ -839,7 +841,7 @@ mod tests {
         };
         let mut cs = idle(3);
         for (c, held) in cs.iter_mut().zip([100, 10, 50]) {
-            c.cached_blocks = held;
+            c.placed_blocks = held;
         }
         cs[2].inflight_tokens = 1; // least-token would pick 0 or 1 by rotation, never by cache
         let d = pick(&cs);
@@ -849,7 +851,7 @@ mod tests {
         let d = pick(&cs);
         assert_eq!(d.idx, 2, "{d:?}");
         // Equal caches: the lower load.
-        cs[0].cached_blocks = 50;
+        cs[0].placed_blocks = 50;
         cs[0].inflight_tokens = 5;
         assert_eq!(pick(&cs).idx, 2);
         cs[2].inflight_tokens = 9;
@@ -1011,8 +1013,8 @@ mod tests {
         assert_eq!(pick(&cs).reason, "prefix(1.00)");
         // 1,000-token caches: 900 in flight + 192 do not fit on 0; least-cached takes the
         // emptier of the others, 2.
-        cs[0].cached_blocks = 12;
-        cs[1].cached_blocks = 40;
+        cs[0].placed_blocks = 12;
+        cs[1].placed_blocks = 40;
         for c in &mut cs {
             c.cache_tokens = 1000;
         }

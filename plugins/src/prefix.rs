@@ -269,6 +269,10 @@ pub struct PrefixIndex {
     /// Blocks each instance holds by this index (Σ edge lengths of the nodes listing it): the
     /// size of its part of the tree, kept in step with every holder added or removed.
     held: RwLock<HashMap<InstanceKey, AtomicI64>>,
+    /// Blocks each instance was removed from by its cache-size bound
+    /// ([`PrefixIndex::evict_instance_to`]) since it joined: with `held`, what the gateway has
+    /// placed there ([`PrefixIndex::placed_blocks`]).
+    forgotten: RwLock<HashMap<InstanceKey, AtomicU64>>,
 }
 
 impl Default for PrefixIndex {
@@ -307,6 +311,7 @@ impl PrefixIndex {
             ttl_ticks: AtomicU64::new(cfg.ttl_ms.div_ceil(TICK_MS)),
             c: Counters::default(),
             held: RwLock::default(),
+            forgotten: RwLock::default(),
         }
     }
 
@@ -318,6 +323,24 @@ impl PrefixIndex {
             .read()
             .get(&key)
             .map_or(0, |b| b.load(Relaxed).max(0) as u64)
+    }
+
+    /// Blocks placed on `key`: what it holds by this index ([`held_blocks`](Self::held_blocks))
+    /// plus what its cache-size bound made the index forget
+    /// ([`evict_instance_to`](Self::evict_instance_to)). Without a bound the two are equal.
+    /// With one, every busy instance's held blocks sit at its cache size and no longer tell
+    /// instances apart, while the placed blocks still say how much distinct work each one has
+    /// been given (a prompt placed again after the bound forgot it counts again: its engine
+    /// computed it again). Engine-reported evictions ([`trim`](Self::trim)), expiry and
+    /// memory eviction lower both alike; an instance that leaves the service starts from zero
+    /// when it comes back ([`remove_instance`](Self::remove_instance)).
+    pub fn placed_blocks(&self, key: InstanceKey) -> u64 {
+        let forgotten = self
+            .forgotten
+            .read()
+            .get(&key)
+            .map_or(0, |b| b.load(Relaxed));
+        self.held_blocks(key) + forgotten
     }
 
     fn add_held(&self, key: InstanceKey, blocks: i64) {
@@ -688,15 +711,26 @@ impl PrefixIndex {
         self.prune(|h| h.key != key || h.ts() >= cutoff, |_| true);
         let removed = held.saturating_sub(self.held_blocks(key));
         self.c.capacity_evicted_blocks.fetch_add(removed, Relaxed);
+        if let Some(f) = self.forgotten.read().get(&key) {
+            f.fetch_add(removed, Relaxed);
+            return removed;
+        }
+        self.forgotten
+            .write()
+            .entry(key)
+            .or_default()
+            .fetch_add(removed, Relaxed);
         removed
     }
 
-    /// Drops every entry of an instance (it left the service), and its held-blocks count.
+    /// Drops every entry of an instance (it left the service), and its held- and placed-blocks
+    /// counts.
     /// Returns the nodes removed.
     pub fn remove_instance(&self, key: InstanceKey) -> u64 {
         let t = self.prune(|h| h.key != key, |_| true);
         self.c.expired_nodes.fetch_add(t.nodes as u64, Relaxed);
         self.held.write().remove(&key);
+        self.forgotten.write().remove(&key);
         t.nodes as u64
     }
 
@@ -1004,6 +1038,14 @@ mod tests {
         assert_eq!(ix.evict_instance_to(k(1), 5), 20);
         assert_eq!(ix.held_blocks(k(1)), 5);
         check(&ix);
+        // What the bound forgot still counts as placed there (4 + 10 + 20 blocks); k2 was
+        // never bounded; an engine-reported eviction lowers both; leaving the service resets.
+        assert_eq!(ix.placed_blocks(k(1)), 5 + 34);
+        assert_eq!(ix.placed_blocks(k(2)), ix.held_blocks(k(2)));
+        assert_eq!(ix.trim(&seq(90..95), k(1), 2), 3);
+        assert_eq!((ix.held_blocks(k(1)), ix.placed_blocks(k(1))), (2, 36));
+        ix.remove_instance(k(1));
+        assert_eq!(ix.placed_blocks(k(1)), 0);
     }
 
     #[test]

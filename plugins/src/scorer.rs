@@ -335,8 +335,8 @@ impl Scorer for PredictedTtftScorer {
     }
 }
 
-/// Least cached: `2^-r` where `r` is the number of candidates the prefix index believes hold
-/// fewer blocks ([`Candidate::cached_blocks`]): the emptiest cache scores 1, equal caches
+/// Least cached: `2^-r` where `r` is the number of candidates the gateway placed fewer blocks
+/// on ([`Candidate::placed_blocks`]): the emptiest cache scores 1, equal caches
 /// score the same. Where the cache sizes are known, candidates without room for the prompt
 /// ([`Candidate::kv_fits`]) rank after all those with room. Policy mode's counterpart of the
 /// layered mode's least-cached layer: with a small weight it decides where a prompt no
@@ -356,7 +356,7 @@ impl Scorer for LeastCachedScorer {
         // A cache with no room for the prompt ([`Candidate::kv_fits`]) ranks after every
         // one with room (when any has).
         let check_kv = cands.iter().any(|c| c.kv_fits(req.prompt_tokens));
-        let key = |c: &Candidate| (check_kv && !c.kv_fits(req.prompt_tokens), c.cached_blocks);
+        let key = |c: &Candidate| (check_kv && !c.kv_fits(req.prompt_tokens), c.placed_blocks);
         for (o, c) in out.iter_mut().zip(cands) {
             let fewer = cands.iter().filter(|d| key(d) < key(c)).count();
             *o = 0.5f64.powi(fewer.min(1000) as i32);
@@ -557,17 +557,17 @@ mod tests {
     }
 
     #[test]
-    fn least_cached_ranks_by_cached_blocks_and_ties_equal_caches() {
+    fn least_cached_ranks_by_placed_blocks_and_ties_equal_caches() {
         let mut cs = cands(4);
         for (c, b) in cs.iter_mut().zip([30, 0, 30, 5]) {
-            c.cached_blocks = b;
+            c.placed_blocks = b;
         }
         let mut out = vec![0.0; 4];
         LeastCachedScorer.score(&RequestView::default(), &cs, &mut out);
         assert_eq!(out, vec![0.25, 1.0, 0.25, 0.5]);
         // All empty: all equal (the plugin then adds nothing after normalisation).
         for c in &mut cs {
-            c.cached_blocks = 0;
+            c.placed_blocks = 0;
         }
         LeastCachedScorer.score(&RequestView::default(), &cs, &mut out);
         assert_eq!(out, vec![1.0; 4]);
@@ -577,7 +577,7 @@ mod tests {
     fn a_full_kv_cache_ranks_last_for_least_cached_and_scores_no_prefix() {
         let mut cs = cands(3);
         for (c, b) in cs.iter_mut().zip([0, 10, 20]) {
-            c.cached_blocks = b;
+            c.placed_blocks = b;
             c.cache_tokens = 1000;
         }
         // 0 is the emptiest but its in-flight and recent requests fill it.

@@ -42,7 +42,11 @@ impl GatewayProc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tokengate"))
             .args(["serve", "-c"])
             .arg(&cfg)
-            .env("RUST_LOG", "info")
+            // TG_TEST_LOG (e.g. "info,tokengate=debug") for every decision's explanation in the log.
+            .env(
+                "RUST_LOG",
+                std::env::var("TG_TEST_LOG").unwrap_or("info".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::from(logf))
             .spawn()
