@@ -62,7 +62,7 @@ use std::collections::HashMap;
 use std::mem;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::hash::{shard_count, shard_of, InstanceKey, PreHashed};
 
@@ -273,6 +273,9 @@ pub struct PrefixIndex {
     /// ([`PrefixIndex::evict_instance_to`]) since it joined: with `held`, what the gateway has
     /// placed there ([`PrefixIndex::placed_blocks`]).
     forgotten: RwLock<HashMap<InstanceKey, AtomicU64>>,
+    /// Held while [`PrefixIndex::evict_instance_to`] runs: one at a time, so that two
+    /// dispatches to a full instance do not walk the tree twice or count its removal twice.
+    evicting: Mutex<()>,
 }
 
 impl Default for PrefixIndex {
@@ -312,6 +315,7 @@ impl PrefixIndex {
             c: Counters::default(),
             held: RwLock::default(),
             forgotten: RwLock::default(),
+            evicting: Mutex::new(()),
         }
     }
 
@@ -682,9 +686,15 @@ impl PrefixIndex {
     /// holds at most `target` blocks — what the engine's own LRU eviction has done by then.
     /// Entries used in the newest tick always stay (they were just dispatched: the engine
     /// holds them or is computing them), so it may stop above `target`. Returns the blocks
-    /// removed. Walks the tree: call it when `key` is over its capacity, with `target` a little
-    /// below it so that it does not run on every request.
+    /// removed (less what concurrent inserts added meanwhile). Walks the tree: call it when
+    /// `key` is over its capacity, with `target` a little below it so that it does not run on
+    /// every request. One runs at a time per index: a call while another runs does nothing
+    /// and returns 0.
     pub fn evict_instance_to(&self, key: InstanceKey, target: u64) -> u64 {
+        // Another eviction under way: it leaves this one for the next dispatch, if still due.
+        let Some(_one_at_a_time) = self.evicting.try_lock() else {
+            return 0;
+        };
         let held = self.held_blocks(key);
         if held <= target {
             return 0;
@@ -1046,6 +1056,14 @@ mod tests {
         assert_eq!((ix.held_blocks(k(1)), ix.placed_blocks(k(1))), (2, 36));
         ix.remove_instance(k(1));
         assert_eq!(ix.placed_blocks(k(1)), 0);
+        // One eviction at a time: while another runs, a call does nothing.
+        ix.insert(&seq(100..110), k(2), 3_000);
+        let running = ix.evicting.lock();
+        assert_eq!(ix.evict_instance_to(k(2), 5), 0);
+        drop(running);
+        assert!(ix.evict_instance_to(k(2), 5) > 0);
+        assert_eq!(ix.held_blocks(k(2)), 10);
+        check(&ix);
     }
 
     #[test]
