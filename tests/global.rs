@@ -79,6 +79,20 @@ async fn a_request_that_would_be_rejected_overflows_to_another_region() {
         .await
         .unwrap();
     assert_eq!(direct.status(), 401);
+    // Counted when each request completes (its logging phase), maybe just after the answer.
+    eventually("A to count both overflow requests", || async {
+        let m = a.metrics().await;
+        ["region-b\",outcome=\"ok", "gone\",outcome=\"error"]
+            .iter()
+            .all(|k| {
+                metric(
+                    &m,
+                    &format!("tokengate_global_requests_total{{member=\"{k}\"}}"),
+                )
+                .is_some()
+            })
+    })
+    .await;
     let m = a.metrics().await;
     assert_eq!(
         metric(
@@ -150,13 +164,20 @@ async fn two_gateways_that_list_each_other_do_not_loop() {
     // A: no instance → B; B: no instance either, and the request already crossed a region
     // → B answers 503 itself; A has no other member and passes it on.
     assert_eq!(r.status(), 503);
+    // A counts the forward when the request completes (its logging phase), which may come
+    // just after the client has the answer.
+    let forwarded = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with("tokengate_global_requests_total{member=\"peer\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    eventually("A to count its forward to B", || async {
+        forwarded(&a.metrics().await) > 0.0
+    })
+    .await;
     let (ma, mb) = (a.metrics().await, b.metrics().await);
-    let forwarded_by_a: f64 = ma
-        .lines()
-        .filter(|l| l.starts_with("tokengate_global_requests_total{member=\"peer\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert_eq!(forwarded_by_a, 1.0, "{ma}");
+    assert_eq!(forwarded(&ma), 1.0, "{ma}");
     assert!(
         !mb.contains("tokengate_global_requests_total{"),
         "B forwarded a request that came from A:\n{mb}"
