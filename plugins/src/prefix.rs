@@ -272,7 +272,7 @@ pub struct PrefixIndex {
     /// Blocks each instance was removed from by its cache-size bound
     /// ([`PrefixIndex::evict_instance_to`]) since it joined: with `held`, what the gateway has
     /// placed there ([`PrefixIndex::placed_blocks`]).
-    forgotten: RwLock<HashMap<InstanceKey, AtomicU64>>,
+    forgotten: RwLock<HashMap<InstanceKey, u64>>,
     /// Held while [`PrefixIndex::evict_instance_to`] runs: one at a time, so that two
     /// dispatches to a full instance do not walk the tree twice or count its removal twice.
     evicting: Mutex<()>,
@@ -339,11 +339,7 @@ impl PrefixIndex {
     /// memory eviction lower both alike; an instance that leaves the service starts from zero
     /// when it comes back ([`remove_instance`](Self::remove_instance)).
     pub fn placed_blocks(&self, key: InstanceKey) -> u64 {
-        let forgotten = self
-            .forgotten
-            .read()
-            .get(&key)
-            .map_or(0, |b| b.load(Relaxed));
+        let forgotten = self.forgotten.read().get(&key).copied().unwrap_or(0);
         self.held_blocks(key) + forgotten
     }
 
@@ -721,15 +717,8 @@ impl PrefixIndex {
         self.prune(|h| h.key != key || h.ts() >= cutoff, |_| true);
         let removed = held.saturating_sub(self.held_blocks(key));
         self.c.capacity_evicted_blocks.fetch_add(removed, Relaxed);
-        if let Some(f) = self.forgotten.read().get(&key) {
-            f.fetch_add(removed, Relaxed);
-            return removed;
-        }
-        self.forgotten
-            .write()
-            .entry(key)
-            .or_default()
-            .fetch_add(removed, Relaxed);
+        // Rare (once per 5 % of a cache that turns over) and one at a time: a plain write.
+        *self.forgotten.write().entry(key).or_default() += removed;
         removed
     }
 
