@@ -65,15 +65,16 @@ def load_runs(d):
 
 
 def per_seed(dirs):
+    all_runs = [(d, load_runs(d)) for d in dirs]
+    columns = sorted({k[1] for _, runs in all_runs for k in runs})
     print()
-    print("| run | load | config | " + " | ".join(f"seed {s}" for s in range(1, 6)) + " |")
-    print("|---|---|---|" + "---|" * 5)
-    for d in dirs:
-        runs = load_runs(d)
+    print("| run | load | config | " + " | ".join(f"seed {s}" for s in columns) + " |")
+    print("|---|---|---|" + "---|" * len(columns))
+    for d, runs in all_runs:
         for load in sorted({k[0] for k in runs}):
             for c in sorted({k[2] for k in runs if k[0] == load}, key=lambda c: (c == REF, c)):
                 cells = []
-                for s in range(1, 6):
+                for s in columns:
                     v = runs.get((load, s, c))
                     cells.append("%.0f / %.0f / %.0f, %.1f" % tuple(v[k] for k in KEYS) if v else "")
                 print(f"| {os.path.basename(os.path.normpath(d))} | {load} | {c} | " + " | ".join(cells) + " |")
