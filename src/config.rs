@@ -46,6 +46,9 @@ pub struct Config {
     /// On SIGTERM: stop accepting, then wait this long for in-flight requests.
     #[serde(default = "d_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Hot reload of this file: watching it, and how long a change must settle first.
+    #[serde(default)]
+    pub reload: ReloadSettings,
     #[serde(default)]
     pub routing: Routing,
     #[serde(default)]
@@ -889,6 +892,36 @@ impl Default for Routing {
     }
 }
 
+/// Hot reload (see [`crate::reload`]). SIGHUP always reloads; these settings govern the
+/// file watcher.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadSettings {
+    /// Reload when the file changes (checked four times a second). `false`: SIGHUP only.
+    #[serde(default = "d_true")]
+    pub watch: bool,
+    /// A file changed in place is applied only once its size and modification time have
+    /// not moved for this long, so a file still being written (truncated, then filled) is
+    /// never read half-way. A file replaced by a rename or a symlink swap (editors'
+    /// atomic saves, a Kubernetes ConfigMap) is complete when it appears and applies at the
+    /// next check.
+    #[serde(default = "d_debounce", with = "humantime_serde")]
+    pub debounce: Duration,
+}
+
+fn d_debounce() -> Duration {
+    Duration::from_secs(2)
+}
+
+impl Default for ReloadSettings {
+    fn default() -> Self {
+        ReloadSettings {
+            watch: true,
+            debounce: d_debounce(),
+        }
+    }
+}
+
 /// Upstream timeouts (humantime strings: `500ms`, `2s`, `10m`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1234,6 +1267,12 @@ impl Config {
         }
         if self.threads == Some(0) {
             errs.push("threads: must be at least 1".into());
+        }
+        if self.reload.debounce > Duration::from_secs(600) {
+            errs.push(format!(
+                "reload.debounce: {} is longer than the 10m allowed (a change would wait that long to apply)",
+                humantime::format_duration(self.reload.debounce)
+            ));
         }
         if self.max_body_bytes == 0 {
             errs.push("max_body_bytes: must be greater than 0".into());
