@@ -332,7 +332,7 @@ impl Board {
         for shard in &self.live {
             all.extend(shard.lock().ring.iter().cloned());
         }
-        all.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        all.sort_unstable_by_key(|(seq, _)| std::cmp::Reverse(*seq));
         all.truncate(RECENT);
         all.into_iter().map(|(_, s)| s).collect()
     }
