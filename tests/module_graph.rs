@@ -105,8 +105,8 @@ fn code_only(text: &str) -> String {
             i += 1;
             out.push_str("\"\"");
         } else if c[i] == '\'' && at(i, 1) == Some('\\') {
-            // '\n', '\'', '\u{7b}'
-            i += 2;
+            // '\n', '\'', '\u{7b}': past the quote, the backslash and the escaped character
+            i += 3;
             while i < c.len() && c[i] != '\'' {
                 i += 1;
             }
@@ -446,19 +446,20 @@ fn paths_are_read_like_the_compiler_reads_them() {
         .into_iter()
         .map(String::from)
         .collect();
-    let code = r#"
+    let code = r##"
         use super::{
             c::X,   // a comment naming crate::f
             self,
         };
         use crate::d::{e, Y};
-        fn g() { let s = "crate::f"; let c = '{'; b::h(); }
+        fn g() { let s = "crate::f"; let c = '{'; let q = '\''; b::h(); }
+        fn l<'a>(x: &'a str) -> &'a str { let r = r#"crate::f"#; x }
         #[cfg(test)]
         mod tests {
             use super::*;
             fn t() { b::h(); }
         }
-    "#;
+    "##;
     let e = edges("a::b", code, &known);
     let want: BTreeSet<String> = ["a", "a::c", "d", "d::e"]
         .into_iter()
