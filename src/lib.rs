@@ -20,6 +20,8 @@ pub mod bigbody;
 pub mod clock;
 pub mod config;
 pub mod decision;
+/// Needs the `sim` cargo feature (default on): it starts engine-sims.
+#[cfg(feature = "sim")]
 pub mod demo;
 pub mod engine_metrics;
 pub mod error;

@@ -7,6 +7,16 @@ use std::process::ExitCode;
 use tokengate::config::Config;
 use tokengate::server;
 
+/// The `--help` footer of a build without the tools (cargo features `sim`, `bench`; default on).
+const MISSING_TOOLS: Option<&str> = match (cfg!(feature = "sim"), cfg!(feature = "bench")) {
+    (true, true) => None,
+    (false, true) => Some("Not in this build: demo, engine-sim (cargo feature `sim`)."),
+    (true, false) => Some("Not in this build: bench (cargo feature `bench`)."),
+    (false, false) => {
+        Some("Not in this build: demo, engine-sim, bench (cargo features `sim`, `bench`).")
+    }
+};
+
 /// tokengate: an LLM inference gateway on Cloudflare Pingora.
 ///
 /// It reads each request's JSON body, routes it by model to one of many inference engines
@@ -14,7 +24,7 @@ use tokengate::server;
 /// time-to-first-token. Log level: the RUST_LOG environment variable (default: info; the
 /// access log is the `access` target, e.g. RUST_LOG=info,access=off).
 #[derive(Parser)]
-#[command(name = "tokengate", version, about, long_about)]
+#[command(name = "tokengate", version, about, long_about, after_help = MISSING_TOOLS)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -37,6 +47,7 @@ enum Cmd {
     },
     /// Run the demo: 4 engine-sims (qwen3-0.6b ×2, qwen3-32b ×2) and the gateway in one
     /// process, with conf/demo.yaml built in. Prints the URLs and ready-to-paste curl commands.
+    #[cfg(feature = "sim")]
     Demo {
         /// Use another config: one engine-sim is started on every instance address in it.
         #[arg(short, long, value_name = "FILE")]
@@ -47,12 +58,14 @@ enum Cmd {
     },
     /// Run engine-sim, a fake OpenAI/Anthropic-compatible inference engine with a KV prefix
     /// cache, continuous batching and fault injection (for tests and benchmarks without GPUs).
+    #[cfg(feature = "sim")]
     EngineSim {
         #[command(flatten)]
         args: Box<engine_sim::SimArgs>,
     },
     /// Benchmarks: replay a request trace (or a synthetic multi-turn workload) against any
     /// OpenAI-compatible URL and report TTFT, latency, throughput, cache hits and load spread.
+    #[cfg(feature = "bench")]
     #[command(subcommand)]
     Bench(BenchCmd),
     /// One HTTP GET: exit 0 when the answer is 2xx, else print why and exit 1. The
@@ -78,6 +91,7 @@ struct ProbeArgs {
     timeout: std::time::Duration,
 }
 
+#[cfg(feature = "bench")]
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Open-loop replay of a Mooncake-format trace (or `--synthetic` sessions); see bench/README.md.
@@ -149,6 +163,7 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        #[cfg(feature = "sim")]
         Cmd::Demo { config, time_scale } => {
             init_logging();
             match tokengate::demo::run(
@@ -162,6 +177,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        #[cfg(feature = "bench")]
         Cmd::Bench(BenchCmd::Replay(args)) => {
             init_logging();
             let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -182,6 +198,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        #[cfg(feature = "sim")]
         Cmd::EngineSim { args } => {
             init_logging();
             let rt = match tokio::runtime::Builder::new_multi_thread()

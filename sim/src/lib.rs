@@ -33,6 +33,7 @@ pub mod kvcache;
 mod metrics;
 mod pd;
 mod server;
+mod task;
 
 use std::io;
 use std::net::SocketAddr;
@@ -419,7 +420,7 @@ pub async fn start(cfg: SimConfig, listener: TcpListener) -> io::Result<SimHandl
     };
     let cfg = Arc::new(cfg);
     let engine = engine::Engine::new(cfg.clone());
-    let scheduler = server::AbortOnDrop(tokio::spawn(engine.clone().run()));
+    let scheduler = task::AbortOnDrop(tokio::spawn(engine.clone().run()));
     let shared = server::Shared::new(cfg, engine);
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(server::accept_loop(
