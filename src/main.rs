@@ -5,7 +5,18 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tokengate::config::Config;
+use tokengate::logging::LogFormat;
 use tokengate::server;
+
+/// The version with the commit it was built from and the build profile.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TOKENGATE_GIT_COMMIT"),
+    ", ",
+    env!("TOKENGATE_BUILD_PROFILE"),
+    " build)"
+);
 
 /// tokengate: an LLM inference gateway on Cloudflare Pingora.
 ///
@@ -14,7 +25,7 @@ use tokengate::server;
 /// time-to-first-token. Log level: the RUST_LOG environment variable (default: info; the
 /// access log is the `access` target, e.g. RUST_LOG=info,access=off).
 #[derive(Parser)]
-#[command(name = "tokengate", version, about, long_about)]
+#[command(name = "tokengate", version = VERSION, about, long_about)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -32,14 +43,15 @@ enum Cmd {
     /// saving the file, reloads the config (a bad file is rejected and the old one kept).
     Serve {
         /// The config file (see conf/ for commented examples).
-        #[arg(short, long, value_name = "FILE")]
+        #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: PathBuf,
     },
     /// Run the demo: 4 engine-sims (qwen3-0.6b ×2, qwen3-32b ×2) and the gateway in one
     /// process, with conf/demo.yaml built in. Prints the URLs and ready-to-paste curl commands.
     Demo {
-        /// Use another config: one engine-sim is started on every instance address in it.
-        #[arg(short, long, value_name = "FILE")]
+        /// Use another config: one engine-sim is started on every instance address in it
+        /// (and the gateway reloads it when it changes, as `serve` does).
+        #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: Option<PathBuf>,
         /// Speed-up of the simulated engines' timing (1 = H100-like real time).
         #[arg(long, default_value_t = 1.0)]
@@ -63,8 +75,15 @@ enum Cmd {
     /// `services[1].instances[0].addr: invalid socket address`) and exit 1.
     Check {
         /// The config file to check.
-        #[arg(short, long, value_name = "FILE")]
+        #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: PathBuf,
+    },
+    /// Print a shell completion script, e.g. `tokengate completions bash >
+    /// /etc/bash_completion.d/tokengate` (zsh: into a directory of `$fpath` as `_tokengate`;
+    /// fish: `~/.config/fish/completions/tokengate.fish`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -89,10 +108,9 @@ enum BenchCmd {
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn init_logging() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_timestamp_micros()
-        .init();
+/// The log as the environment (`TOKENGATE_LOG_FORMAT`) or else the config asks.
+fn init_logging(configured: LogFormat) {
+    tokengate::logging::init(LogFormat::from_env_or(configured));
 }
 
 fn main() -> ExitCode {
@@ -149,8 +167,20 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "tokengate", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
         Cmd::Demo { config, time_scale } => {
-            init_logging();
+            // The log format of the demo's config (its errors are reported by the demo).
+            init_logging(
+                config
+                    .as_deref()
+                    .and_then(|p| Config::load(p).ok())
+                    .map_or(LogFormat::Text, |c| c.log_format),
+            );
             match tokengate::demo::run(
                 config.as_deref(),
                 tokengate::demo::DemoOptions { time_scale },
@@ -163,7 +193,7 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Bench(BenchCmd::Replay(args)) => {
-            init_logging();
+            init_logging(LogFormat::Text);
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -183,7 +213,7 @@ fn main() -> ExitCode {
             }
         }
         Cmd::EngineSim { args } => {
-            init_logging();
+            init_logging(LogFormat::Text);
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .enable_all()
@@ -204,9 +234,11 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Serve { config } => {
-            init_logging();
             let cfg = match Config::load(&config) {
-                Ok(c) => c,
+                Ok(c) => {
+                    init_logging(c.log_format);
+                    c
+                }
                 Err(e) => {
                     eprintln!("{}: invalid config", config.display());
                     for line in e.0 {
