@@ -308,7 +308,7 @@ fn locate<T: DeserializeOwned>(v: &Value, path: &[Seg], raw: &str) -> Option<(Ve
     if raw.contains("invalid type: map") {
         return Some((path.to_vec(), raw.to_string()));
     }
-    let mut at = culprit::<T>(v, path, raw, path).unwrap_or_else(|| path.to_vec());
+    let mut at = culprit::<T>(v, path, path).unwrap_or_else(|| path.to_vec());
     // An unknown tag (`kind: fastest`): the entry that holds it.
     if let (Some(x), Some(Value::Mapping(m))) =
         (quoted_after(raw, "unknown variant `"), node(v, &at))
@@ -345,14 +345,9 @@ fn find_key(v: &Value, key: &Seg, path: Vec<Seg>) -> Option<Vec<Seg>> {
     }
 }
 
-/// The node under `base` whose change makes the error (`raw` at `err_path`) go away, as deep
+/// The node under `base` whose change makes the error at `err_path` go away, as deep
 /// as it can be found.
-fn culprit<T: DeserializeOwned>(
-    v: &Value,
-    err_path: &[Seg],
-    raw: &str,
-    base: &[Seg],
-) -> Option<Vec<Seg>> {
+fn culprit<T: DeserializeOwned>(v: &Value, err_path: &[Seg], base: &[Seg]) -> Option<Vec<Seg>> {
     let children: Vec<Seg> = match node(v, base)? {
         Value::Mapping(m) => m.keys().map(|k| Seg::Key(key_text(k))).collect(),
         Value::Sequence(items) => (0..items.len()).map(Seg::Index).collect(),
@@ -382,7 +377,7 @@ fn culprit<T: DeserializeOwned>(
             }
         }
         if clears {
-            return Some(culprit::<T>(v, err_path, raw, &at).unwrap_or(at));
+            return Some(culprit::<T>(v, err_path, &at).unwrap_or(at));
         }
     }
     None
@@ -407,7 +402,8 @@ fn neutralize<T: DeserializeOwned>(v: &mut Value, at: &[Seg], raw: &str) -> bool
                 .is_some_and(|k| p == parent && r.contains(&format!("missing field `{k}`")));
             // serde's path stops at a tagged enum: an error at an ancestor may be this one.
             let here = at.starts_with(p) || p.starts_with(at) || missing_here;
-            !here && !(strict && p.starts_with(parent) && r.contains("missing field"))
+            let consequence = strict && p.starts_with(parent) && r.contains("missing field");
+            !here && !consequence
         }
     };
     let unknown_key = raw.starts_with("unknown field");

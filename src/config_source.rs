@@ -273,9 +273,9 @@ fn expand_str(s: &str) -> Result<Option<String>, String> {
             rest = tail;
         } else if let Some(body) = after.strip_prefix('{') {
             let Some(end) = body.find('}') else {
-                return Err(format!(
-                    "`${{` without its closing `}}` (write `$${{` for a literal `${{`)"
-                ));
+                return Err(
+                    "`${` without its closing `}` (write `$${` for a literal `${`)".to_string(),
+                );
             };
             let inner = &body[..end];
             let (name, default) = match inner.split_once(":-") {

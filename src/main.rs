@@ -149,7 +149,9 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("{}: invalid config", config.display());
+                let n = e.0.len();
+                let s = if n == 1 { "" } else { "s" };
+                eprintln!("{}: invalid config ({n} error{s})", config.display());
                 for line in e.0 {
                     eprintln!("  {line}");
                 }
@@ -170,7 +172,10 @@ fn main() -> ExitCode {
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
-            clap_complete::generate(shell, &mut cmd, "tokengate", &mut std::io::stdout());
+            // Written whole: a closed pipe (`| head`) is not a panic.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "tokengate", &mut script);
+            let _ = std::io::stdout().write_all(&script);
             ExitCode::SUCCESS
         }
         Cmd::Demo { config, time_scale } => {

@@ -1,0 +1,322 @@
+//! What a user meets in the first hour, through the binary: secrets from the environment and
+//! from files (never in the log or `/admin`), every config error of a file at once with its
+//! line and fix, `/v1/models` behind the key, and the CLI (`TOKENGATE_CONFIG`, completions,
+//! `--version`, JSON log lines).
+
+mod common;
+
+use common::{eventually, sim_instances, sims, GatewayProc};
+use std::process::Command;
+
+fn chat(model: &str) -> String {
+    format!(r#"{{"model":"{model}","max_tokens":4,"messages":[{{"role":"user","content":"hi"}}]}}"#)
+}
+
+async fn status(c: &reqwest::Client, g: &GatewayProc, key: Option<&str>) -> u16 {
+    let mut r = c
+        .post(g.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat("m"));
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    r.send().await.unwrap().status().as_u16()
+}
+
+/// A key from `${VAR}` and keys from `api_keys_file` work, the admin token from
+/// `admin_token_file` guards `/admin`, a rotated key file is read again on reload, and no
+/// secret appears in the log or an `/admin` answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_from_the_environment_and_files() {
+    let engines = sims(1, "m", "e", 50.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let env_key = format!("sk-env-{}", uuid_like());
+    let file_key = format!("sk-file-{}", uuid_like());
+    let rotated = format!("sk-rotated-{}", uuid_like());
+    let admin = format!("adm-{}", uuid_like());
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("# one key per line\n{file_key}\n\n")).unwrap();
+    let admin_file = dir.path().join("admin");
+    std::fs::write(&admin_file, format!("{admin}\n")).unwrap();
+    let yaml = format!(
+        "api_keys: [\"${{TG_TEST_ENV_KEY}}\"]\napi_keys_file: {}\nadmin_token_file: {}\nservices:\n  - name: m\n{}",
+        keys.display(),
+        admin_file.display(),
+        sim_instances(&engines)
+    );
+    let g = GatewayProc::start_with_env(&yaml, &[("TG_TEST_ENV_KEY", &env_key)]);
+    let c = reqwest::Client::new();
+    assert_eq!(status(&c, &g, Some(&env_key)).await, 200);
+    assert_eq!(status(&c, &g, Some(&file_key)).await, 200);
+    assert_eq!(status(&c, &g, None).await, 401);
+    assert_eq!(status(&c, &g, Some("sk-wrong")).await, 401);
+    // The admin listener wants the token from the file.
+    let r = c.get(g.admin_url("/admin/instances")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let mut answers = String::new();
+    for path in ["/admin/instances", "/admin/status", "/metrics"] {
+        let r = c
+            .get(g.admin_url(path))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        answers.push_str(&r.text().await.unwrap());
+    }
+    // A rotated key file is read on reload (SIGHUP).
+    std::fs::write(&keys, format!("{rotated}\n")).unwrap();
+    let hup = Command::new("kill")
+        .args(["-HUP", &g.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    eventually("the rotated key to be accepted", || async {
+        status(&c, &g, Some(&rotated)).await == 200
+    })
+    .await;
+    assert_eq!(status(&c, &g, Some(&file_key)).await, 401);
+    assert_eq!(status(&c, &g, Some(&env_key)).await, 200);
+    let log = g.log_text();
+    assert!(log.contains("config reloaded"), "{log}");
+    for secret in [&env_key, &file_key, &rotated, &admin] {
+        assert!(
+            !log.contains(secret.as_str()),
+            "{secret} in the log:\n{log}"
+        );
+        assert!(
+            !answers.contains(secret.as_str()),
+            "{secret} in an /admin answer"
+        );
+    }
+}
+
+/// Not a real UUID: a unique enough suffix for a test's secrets.
+fn uuid_like() -> String {
+    format!(
+        "{:x}{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+/// `GET /v1/models` needs the key when keys are set: 401 in the API's error shape without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_list_requires_the_key() {
+    let engines = sims(1, "m", "e", 50.0).await;
+    let yaml = format!(
+        "api_keys: [sk-models]\nservices:\n  - name: m\n{}",
+        sim_instances(&engines)
+    );
+    let g = GatewayProc::start(&yaml);
+    let c = reqwest::Client::new();
+    let r = c.get(g.url("/v1/models")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing API key"),
+        "{v}"
+    );
+    let r = c
+        .get(g.url("/v1/models"))
+        .bearer_auth("sk-wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .get(g.url("/v1/models"))
+        .bearer_auth("sk-models")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["data"][0]["id"], "m", "{v}");
+}
+
+fn check(path: &std::path::Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["check", "-c"])
+        .arg(path)
+        .env_remove("TG_TEST_UNSET_VAR")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// Six mistakes of six kinds in one file: `tokengate check` reports each once, with its path,
+/// its line and the fix, in plain words.
+#[test]
+fn check_reports_every_error_with_its_line_and_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.yaml");
+    std::fs::write(
+        &p,
+        "listen: [\"127.0.0.1:0\"]\n\
+         threads: many\n\
+         max_body_bytes: 32MiB\n\
+         timeouts:\n\
+         \x20 first_byte: 120\n\
+         services:\n\
+         \x20 - name: m\n\
+         \x20   sheduler: {mode: layered}\n\
+         \x20   load_balancing: least-tokens\n\
+         \x20   instances:\n\
+         \x20     - {id: a, addr: nowhere}\n\
+         \x20     - {id: b, addr: \"${TG_TEST_UNSET_VAR}\"}\n",
+    )
+    .unwrap();
+    let (ok, err) = check(&p);
+    assert!(!ok);
+    let want = [
+        "threads: expected a whole number (0 or more), found the text \"many\" (line 2)",
+        "timeouts.first_byte: `first_byte: 120` needs a unit, e.g. `120s` (or `120ms`) (line 5)",
+        "services[0].sheduler: unknown key `sheduler` — did you mean `scheduler`? (line 8)",
+        "services[0].load_balancing: `least-tokens` is not one of `least-token`, `least-request`, `round-robin`, `predicted-ttft` — did you mean `least-token`? (line 9)",
+        "services[0].instances[0].addr: invalid socket address \"nowhere\"",
+        "services[0].instances[1].addr: environment variable `TG_TEST_UNSET_VAR` is not set",
+    ];
+    for w in want {
+        assert_eq!(err.matches(w).count(), 1, "{w:?} once in:\n{err}");
+    }
+    assert!(err.contains("(line 11)"), "{err}");
+    assert!(
+        err.contains("is not set (write `${TG_TEST_UNSET_VAR:-default}` for a default) (line 12)"),
+        "{err}"
+    );
+    // Exactly these six, in the file's order, in plain words.
+    let errors: Vec<&str> = err.lines().skip(1).collect();
+    assert_eq!(errors.len(), 6, "{err}");
+    for jargon in [
+        "unknown field",
+        "unknown variant",
+        "invalid type",
+        "expected usize",
+        "services[0]: ",
+    ] {
+        assert!(!err.contains(jargon), "{jargon:?} in:\n{err}");
+    }
+    // A YAML syntax error: its line.
+    std::fs::write(&p, "services:\n  - name: m\n    instances: [\n").unwrap();
+    let (ok, err) = check(&p);
+    assert!(!ok);
+    assert!(err.contains("YAML syntax error"), "{err}");
+    assert!(err.contains("(line 4)"), "{err}");
+}
+
+/// `TOKENGATE_CONFIG` stands in for `-c`.
+#[test]
+fn the_config_path_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.yaml");
+    std::fs::write(
+        &p,
+        "services:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .arg("check")
+        .env("TOKENGATE_CONFIG", &p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ok (1 services, 1 instances)"), "{stdout}");
+}
+
+#[test]
+fn completions_and_version() {
+    for (shell, want) in [
+        ("bash", "complete -F _tokengate"),
+        ("zsh", "#compdef tokengate"),
+        ("fish", "complete -c tokengate"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(s.contains(want), "{shell}: {s}");
+        assert!(s.contains("serve") && s.contains("check"), "{shell}: {s}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let v = String::from_utf8_lossy(&out.stdout).to_string();
+    let head = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let commit = head.unwrap_or_else(|| "unknown".into());
+    assert!(
+        v.starts_with(&format!(
+            "tokengate {} (commit {commit}, ",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{v}"
+    );
+    assert!(v.trim_end().ends_with(" build)"), "{v}");
+}
+
+/// `log_format: json` (and `TOKENGATE_LOG_FORMAT=json`): every log line, the access log's
+/// too, is one JSON object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_log_lines() {
+    let engines = sims(1, "m", "e", 50.0).await;
+    let c = reqwest::Client::new();
+    for (yaml_extra, env) in [
+        ("log_format: json\n", vec![]),
+        ("", vec![("TOKENGATE_LOG_FORMAT", "json")]),
+    ] {
+        let yaml = format!(
+            "{yaml_extra}services:\n  - name: m\n{}",
+            sim_instances(&engines)
+        );
+        let g = GatewayProc::start_with_env(&yaml, &env);
+        let r = c
+            .post(g.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(chat("m"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let _ = r.text().await.unwrap();
+        eventually("the access line", || async {
+            g.log_text().contains("\"target\":\"access\"")
+        })
+        .await;
+        let log = g.log_text();
+        let mut access = 0;
+        for l in log.lines().filter(|l| !l.trim().is_empty()) {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
+            assert!(
+                v["ts"].is_string() && v["level"].is_string() && v["msg"].is_string(),
+                "{l}"
+            );
+            if v["target"] == "access" {
+                access += 1;
+                assert_eq!(v["status"], 200.0, "{l}");
+                assert_eq!(v["path"], "/v1/chat/completions", "{l}");
+                assert_eq!(v["model"], "m", "{l}");
+            }
+        }
+        assert_eq!(access, 1, "{log}");
+    }
+}
