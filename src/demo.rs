@@ -310,8 +310,18 @@ fn write_copy(
         }
     }
     // Written whole, then moved into place: the reload never reads half a file.
+    // Only this user may read it (the file may hold keys).
     let tmp = copy.with_extension("yaml.tmp");
-    std::fs::write(&tmp, serde_yaml_ng::to_string(&doc)?)?;
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(serde_yaml_ng::to_string(&doc)?.as_bytes())?;
+    }
     std::fs::rename(&tmp, copy)?;
     Ok(())
 }
