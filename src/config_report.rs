@@ -70,7 +70,10 @@ pub fn parse<T: DeserializeOwned>(
         if !neutralize::<T>(&mut value, &at, &raw) {
             break;
         }
-        neutral.push(at);
+        // An unknown key taken out changes nothing that parsed.
+        if !raw.starts_with("unknown field") {
+            neutral.push(at);
+        }
     }
     if let Some(t) = &parsed {
         if let Err(errs) = validate(t) {
@@ -81,7 +84,12 @@ pub fn parse<T: DeserializeOwned>(
                     .filter(|p| !p.contains(' '))
                     .map(source::parse_path)
                     .unwrap_or_default();
-                if !p.is_empty() && neutral.iter().any(|n| p.starts_with(n)) {
+                // At or under a node that was taken out, or on the mapping that held it
+                // (`throttling: set at least one limit` when its one limit was not a number).
+                let consequence = |n: &Vec<Seg>| {
+                    p.starts_with(n) || (n.len() > 1 && p.as_slice() == &n[..n.len() - 1])
+                };
+                if !p.is_empty() && neutral.iter().any(consequence) {
                     continue;
                 }
                 let line = if p.is_empty() { None } else { lines.line(&p) };
@@ -595,6 +603,57 @@ mod tests {
             assert!(e.contains(want), "{e}");
             assert!(e.ends_with("(line 3)"), "{e}");
         }
+    }
+
+    /// Every secret of the config can come from a file (and `${VAR}` from the environment).
+    #[test]
+    fn every_secret_has_a_file_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p.display().to_string()
+        };
+        std::env::set_var("TG_REPORT_TEST_KEY", "sk-env");
+        let y = format!(
+            "api_keys: [\"${{TG_REPORT_TEST_KEY}}\"]\napi_keys_file: {}\nadmin_token_file: {}\n\
+             services:\n  - name: m\n    api_key_file: {}\n    instances:\n      - {{id: a, addr: 127.0.0.1:8000, api_key_file: {}}}\n\
+             mirror: {{target: \"http://127.0.0.1:1\", auth_token_file: {}}}\n\
+             global: {{members: [{{name: eu, url: \"http://127.0.0.1:2\", token_file: {}}}]}}\n\
+             providers: [{{name: p, base_url: \"http://127.0.0.1:3/v1\", api_key_file: {}}}]\n",
+            f("keys", "# clients\nsk-a\n\nsk-b\n"),
+            f("admin", "adm\n"),
+            f("svc", "sk-svc\n"),
+            f("inst", "sk-inst"),
+            f("mirror", "mir\n"),
+            f("member", "mem\n"),
+            f("provider", "prov\n"),
+        );
+        let c = Config::from_yaml(&y).unwrap();
+        assert_eq!(c.api_keys, ["sk-env", "sk-a", "sk-b"]);
+        assert_eq!(c.admin_token.as_deref(), Some("adm"));
+        assert_eq!(c.services[0].api_key.as_ref().unwrap().0, "sk-svc");
+        assert_eq!(
+            c.services[0].instances[0].api_key.as_ref().unwrap().0,
+            "sk-inst"
+        );
+        assert_eq!(
+            c.mirror.as_ref().unwrap().auth_token.as_deref(),
+            Some("mir")
+        );
+        assert_eq!(c.global.members[0].token.as_deref(), Some("mem"));
+        assert_eq!(c.providers[0].api_key.as_deref(), Some("prov"));
+        // Both forms of one secret: an error at the `_file` key's line.
+        let e =
+            Config::from_yaml(&y.replace("admin_token_file", "admin_token: x\nadmin_token_file"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            e.contains(
+                "admin_token_file: give `admin_token` or `admin_token_file`, not both (line 4)"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -244,10 +244,23 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Serve { config } => {
+            // JSON by the environment: from the first line on (a bad config's errors too).
+            let json_env = LogFormat::from_env_or(LogFormat::Text) == LogFormat::Json;
+            if json_env {
+                init_logging(LogFormat::Json);
+            }
             let cfg = match Config::load(&config) {
                 Ok(c) => {
-                    init_logging(c.log_format);
+                    if !json_env {
+                        init_logging(c.log_format);
+                    }
                     c
+                }
+                Err(e) if json_env => {
+                    for line in e.0 {
+                        log::error!("{}: invalid config: {line}", config.display());
+                    }
+                    return ExitCode::from(1);
                 }
                 Err(e) => {
                     eprintln!("{}: invalid config", config.display());

@@ -320,3 +320,31 @@ async fn json_log_lines() {
         assert_eq!(access, 1, "{log}");
     }
 }
+
+/// With `TOKENGATE_LOG_FORMAT=json`, a config `serve` refuses is reported in JSON lines too.
+#[test]
+fn json_log_lines_for_a_refused_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.yaml");
+    std::fs::write(&p, "services: []\nbogus: 1\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["serve", "-c"])
+        .arg(&p)
+        .env("TOKENGATE_LOG_FORMAT", "json")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert!(
+        lines.iter().any(|v| v["level"] == "ERROR"
+            && v["msg"]
+                .as_str()
+                .unwrap()
+                .contains("bogus: unknown key `bogus`")),
+        "{err}"
+    );
+}
