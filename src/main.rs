@@ -23,7 +23,8 @@ const VERSION: &str = concat!(
 /// It reads each request's JSON body, routes it by model to one of many inference engines
 /// (vLLM, SGLang, ...) by load, streams the answer back unbuffered, and counts tokens and
 /// time-to-first-token. Log level: the RUST_LOG environment variable (default: info; the
-/// access log is the `access` target, e.g. RUST_LOG=info,access=off).
+/// access log is the `access` target, e.g. RUST_LOG=info,access=off); one JSON object per
+/// line with TOKENGATE_LOG_FORMAT=json (or `log_format: json` in the config).
 #[derive(Parser)]
 #[command(name = "tokengate", version = VERSION, about, long_about)]
 struct Cli {

@@ -77,8 +77,11 @@ async fn secrets_from_the_environment_and_files() {
     .await;
     assert_eq!(status(&c, &g, Some(&file_key)).await, 401);
     assert_eq!(status(&c, &g, Some(&env_key)).await, 200);
+    eventually("the reload's log line", || async {
+        g.log_text().contains("config reloaded")
+    })
+    .await;
     let log = g.log_text();
-    assert!(log.contains("config reloaded"), "{log}");
     for secret in [&env_key, &file_key, &rotated, &admin] {
         assert!(
             !log.contains(secret.as_str()),
