@@ -7,6 +7,7 @@ mod common;
 
 use common::{eventually, sim_instances, sims, GatewayProc};
 use std::process::Command;
+use tokengate::config::Config;
 
 fn chat(model: &str) -> String {
     format!(r#"{{"model":"{model}","max_tokens":4,"messages":[{{"role":"user","content":"hi"}}]}}"#)
@@ -350,4 +351,89 @@ fn json_log_lines_for_a_refused_config() {
                 .contains("bogus: unknown key `bogus`")),
         "{err}"
     );
+}
+
+// The parser through the library (the binary runs the same code).
+
+/// serde's path stops at an internally tagged enum; the report names the entry inside.
+#[test]
+fn errors_inside_tagged_enums_name_their_entry() {
+    let svc = "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [PLUGIN]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n";
+    for (plugin, want) in [
+        (
+            "{kind: fastest}",
+            "services[0].scheduler.plugins[0].kind: `fastest` is not one of",
+        ),
+        (
+            "{kind: least-inflight, token_scale: 5}",
+            "services[0].scheduler.plugins[0].token_scale: unknown key `token_scale`",
+        ),
+    ] {
+        let e = Config::from_yaml(&svc.replace("PLUGIN", plugin))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+        assert!(e.ends_with("(line 3)"), "{e}");
+    }
+}
+
+/// Every secret of the config can come from a file (and `${VAR}` from the environment).
+#[test]
+fn every_secret_has_a_file_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let y = format!(
+        "api_keys: [\"${{TG_REPORT_TEST_UNSET:-sk-env}}\"]\napi_keys_file: {}\nadmin_token_file: {}\n\
+         services:\n  - name: m\n    api_key_file: {}\n    instances:\n      - {{id: a, addr: 127.0.0.1:8000, api_key_file: {}}}\n\
+         mirror: {{target: \"http://127.0.0.1:1\", auth_token_file: {}}}\n\
+         global: {{members: [{{name: eu, url: \"http://127.0.0.1:2\", token_file: {}}}]}}\n\
+         providers: [{{name: p, base_url: \"http://127.0.0.1:3/v1\", api_key_file: {}}}]\n",
+        f("keys", "# clients\nsk-a\n\nsk-b\n"),
+        f("admin", "adm\n"),
+        f("svc", "sk-svc\n"),
+        f("inst", "sk-inst"),
+        f("mirror", "mir\n"),
+        f("member", "mem\n"),
+        f("provider", "prov\n"),
+    );
+    let c = Config::from_yaml(&y).unwrap();
+    assert_eq!(c.api_keys, ["sk-env", "sk-a", "sk-b"]);
+    assert_eq!(c.admin_token.as_deref(), Some("adm"));
+    assert_eq!(c.services[0].api_key.as_ref().unwrap().0, "sk-svc");
+    assert_eq!(
+        c.services[0].instances[0].api_key.as_ref().unwrap().0,
+        "sk-inst"
+    );
+    assert_eq!(
+        c.mirror.as_ref().unwrap().auth_token.as_deref(),
+        Some("mir")
+    );
+    assert_eq!(c.global.members[0].token.as_deref(), Some("mem"));
+    assert_eq!(c.providers[0].api_key.as_deref(), Some("prov"));
+    // Both forms of one secret: an error at the `_file` key's line.
+    let e = Config::from_yaml(&y.replace("admin_token_file", "admin_token: x\nadmin_token_file"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("admin_token_file: give `admin_token` or `admin_token_file`, not both (line 4)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn sizes_take_units() {
+    let y = "max_body_bytes: 64KiB\nservices:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n";
+    assert_eq!(Config::from_yaml(y).unwrap().max_body_bytes, 64 * 1024);
+    let y = y.replace("64KiB", "1MB");
+    assert_eq!(Config::from_yaml(&y).unwrap().max_body_bytes, 1_000_000);
+    let y = y.replace("1MB", "1000");
+    assert_eq!(Config::from_yaml(&y).unwrap().max_body_bytes, 1000);
+    let e = Config::from_yaml(&y.replace("1000", "lots"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_body_bytes: \"lots\" is not a size"), "{e}");
 }
