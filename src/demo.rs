@@ -94,8 +94,7 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
     // rewritten whenever the file changes (new instances get engines of their own).
     let reloads = match config {
         Some(p) => {
-            let copy =
-                std::env::temp_dir().join(format!("tokengate-demo-{}.yaml", std::process::id()));
+            let copy = copy_path(p);
             write_copy(
                 p,
                 &copy,
@@ -205,6 +204,30 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
 
 /// The key of a provider's decision engine in the running table.
 const PROVIDER: &str = "\u{0}provider";
+
+/// Where the demo keeps its copy of `config`: `.NAME.demo.yaml` beside it (gone with its
+/// directory, overwritten by the next demo), or in the temp directory when that directory
+/// is not writable.
+fn copy_path(config: &Path) -> PathBuf {
+    let name = config
+        .file_name()
+        .map_or("config".into(), |n| n.to_string_lossy().to_string());
+    let dir = config
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let beside = dir.join(format!(".{name}.demo.yaml"));
+    let writable = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&beside)
+        .is_ok();
+    if writable {
+        beside
+    } else {
+        std::env::temp_dir().join(format!("tokengate-demo-{}.yaml", std::process::id()))
+    }
+}
 
 /// Starts the engine-sim of one instance of `s` on its address.
 fn start_engine(

@@ -51,7 +51,8 @@ enum Cmd {
     /// process, with conf/demo.yaml built in. Prints the URLs and ready-to-paste curl commands.
     Demo {
         /// Use another config: one engine-sim is started on every instance address in it
-        /// (and the gateway reloads it when it changes, as `serve` does).
+        /// (and the gateway reloads it when it changes, as `serve` does, from a copy with the
+        /// engines' real addresses kept beside it as `.NAME.demo.yaml`).
         #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: Option<PathBuf>,
         /// Speed-up of the simulated engines' timing (1 = H100-like real time).
