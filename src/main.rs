@@ -74,12 +74,14 @@ enum Cmd {
     Probe(Box<ProbeArgs>),
     /// Validate a config file: exit 0 when valid (printing warnings about settings that have
     /// no effect); otherwise print every error (syntax, type, unknown key, semantic) with its
-    /// YAML path, its line and the fix where there is one (e.g. `services[0].sheduler: unknown
-    /// key `sheduler` — did you mean `scheduler`? (line 4)`) and exit 1.
+    /// YAML path, its line and the fix where there is one, e.g. "services[0].sheduler: unknown
+    /// key `sheduler` — did you mean `scheduler`? (line 4)", and exit 1.
     ///
     /// Any string value may read an environment variable, `${VAR}` or `${VAR:-default}` (`$${`
     /// is a literal `${`); every secret may come from a file instead: `api_keys_file` (one key
-    /// per line), `admin_token_file`, `api_key_file`, `token_file`, `auth_token_file`.
+    /// per line), `admin_token_file`, `api_key_file`, `token_file`, `auth_token_file` (a
+    /// relative path is from the working directory, as `ca_file`), read at start and at
+    /// every reload.
     Check {
         /// The config file to check.
         #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
