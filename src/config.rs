@@ -35,7 +35,10 @@ pub struct Config {
     #[serde(default)]
     pub api_keys: Vec<String>,
     /// Largest request body accepted (bytes); larger requests get 413.
-    #[serde(default = "default_max_body")]
+    #[serde(
+        default = "default_max_body",
+        deserialize_with = "crate::config_source::bytes"
+    )]
     pub max_body_bytes: usize,
     /// Active health checks of every instance.
     #[serde(default)]
@@ -49,6 +52,10 @@ pub struct Config {
     /// Hot reload of this file: watching it, and how long a change must settle first.
     #[serde(default)]
     pub reload: ReloadSettings,
+    /// Log lines as `text` (default) or `json` (one object per line; `TOKENGATE_LOG_FORMAT`
+    /// overrides). Read at start.
+    #[serde(default)]
+    pub log_format: crate::logging::LogFormat,
     #[serde(default)]
     pub routing: Routing,
     #[serde(default)]
@@ -645,7 +652,7 @@ pub struct PrefixIndexSettings {
     pub reserved_memory_gib: f64,
     /// Container memory in bytes, overriding what cgroups report (for hosts where the
     /// limit is not visible, and for tests).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::config_source::opt_bytes")]
     pub memory_limit_bytes: Option<u64>,
 }
 
@@ -1240,18 +1247,8 @@ impl Config {
 
     /// Parses and validates YAML text.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
-        let de = serde_yaml_ng::Deserializer::from_str(text);
-        let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner().to_string();
-            if path == "." || path.is_empty() {
-                ConfigErrors(vec![inner])
-            } else {
-                ConfigErrors(vec![format!("{path}: {inner}")])
-            }
-        })?;
-        cfg.validate()?;
-        Ok(cfg)
+        crate::config_report::parse(text, |c: &Config| c.validate().map_err(|e| e.0))
+            .map_err(ConfigErrors)
     }
 
     /// Semantic checks; collects every error.
@@ -2039,7 +2036,7 @@ mod tests {
         let y = "services:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000, weight: 3}\n";
         let e = Config::from_yaml(y).unwrap_err().to_string();
         assert!(e.starts_with("services[0].instances[0]"), "{e}");
-        assert!(e.contains("unknown field `weight`"), "{e}");
+        assert!(e.contains("unknown key `weight`"), "{e}");
     }
 
     #[test]
@@ -2120,19 +2117,19 @@ mod tests {
         let cases = [
             (
                 "services:\n  - name: m\n    load_balancing: random\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
-                "services[0].load_balancing: unknown variant `random`, expected one of `least-token`, `least-request`, `round-robin`, `predicted-ttft`",
+                "services[0].load_balancing: `random` is not one of `least-token`, `least-request`, `round-robin`, `predicted-ttft`",
             ),
             (
                 "services:\n  - name: m\n    scheduler: {mode: layered, affinity: {mode: sticky}}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
-                "unknown variant `sticky`, expected `soft` or `strict`",
+                "`sticky` is not one of `soft`, `strict`",
             ),
             (
                 "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: fastest}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
-                "unknown variant `fastest`, expected one of `session-affinity`, `least-inflight`, `least-token`, `predicted-ttft`, `least-cached`, `prefix-cache`, `decision-service`",
+                "`fastest` is not one of `session-affinity`, `least-inflight`, `least-token`, `predicted-ttft`, `least-cached`, `prefix-cache`, `decision-service`",
             ),
             (
                 "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: least-inflight, token_scale: 5}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
-                "unknown field `token_scale`",
+                "unknown key `token_scale`",
             ),
             (
                 "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: least-inflight}], session_keys: [cookie:x]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
@@ -2140,7 +2137,7 @@ mod tests {
             ),
             (
                 "services:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\nroutes:\n  - {name: r, route_by: random, targets: [{service: m}]}\n",
-                "routes[0].route_by: unknown variant `random`, expected one of `round-robin`, `weight`, `policy`",
+                "routes[0].route_by: `random` is not one of `round-robin`, `weight`, `policy`",
             ),
         ];
         for (y, want) in cases {
@@ -2260,7 +2257,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("unknown variant `hash`, expected `rendezvous` or `abstain`"),
+            e.contains("`hash` is not one of `rendezvous`, `abstain`"),
             "{e}"
         );
     }
@@ -2380,14 +2377,11 @@ mod tests {
         ))
         .unwrap_err()
         .to_string();
-        assert!(
-            e.starts_with("mirror.rate: mirror: unknown field `rate`"),
-            "{e}"
-        );
+        assert!(e.starts_with("mirror.rate: unknown key `rate`"), "{e}");
         let e = Config::from_yaml(&format!("{base}mirror: {{ratio: 5}}\n"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("missing field `target`"), "{e}");
+        assert!(e.contains("mirror.target: `target` is required"), "{e}");
         let c = Config::from_yaml(&format!(
             "{base}mirror: {{target: \"https://shadow.example.com/shadow\", ratio: 0.001}}\n"
         ))
