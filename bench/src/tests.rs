@@ -490,6 +490,7 @@ fn agentic(rate: f64) -> AgenticConfig {
         turns: SizeRange::new(2, 4),
         rate,
         think_time: Duration::ZERO,
+        ..Default::default()
     }
 }
 
@@ -629,6 +630,34 @@ fn agentic_flags_parse() {
     assert_eq!(ac.turns, SizeRange::new(3, 9));
     assert_eq!(ac.output_tokens, AgenticConfig::default().output_tokens);
     assert_eq!(ac.think_time, AgenticConfig::default().think_time);
+    assert_eq!((ac.think_time_max, ac.header_share), (None, 1.0));
+    // People who read the answer; half the sessions without the header.
+    let cli = parse(&[
+        "--agentic",
+        "--duration",
+        "5s",
+        "--think-time",
+        "1s",
+        "--think-time-max",
+        "5s",
+        "--header-share",
+        "0.5",
+    ])
+    .unwrap();
+    let Workload::Agentic(ac) = cli.args.to_config().unwrap().workload else {
+        panic!("agentic expected")
+    };
+    assert_eq!(
+        (ac.think_time, ac.think_time_max, ac.header_share),
+        (Duration::from_secs(1), Some(Duration::from_secs(5)), 0.5)
+    );
+    assert!(
+        parse(&["--agentic", "--duration", "5s", "--header-share", "2"])
+            .unwrap()
+            .args
+            .to_config()
+            .is_err()
+    );
     // No session header when asked; a duration is needed; no mixing with --synthetic.
     let cli = parse(&["--agentic", "--duration", "5s", "--no-sessions"]).unwrap();
     assert!(cli.args.to_config().unwrap().session_header.is_none());
