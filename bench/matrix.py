@@ -51,7 +51,9 @@ CACHE = {"fifth": 0.2, "half": 0.5, "all": 1.0}
 # recomputes whole system prompts, so real demand is several times the ideal: the issue's
 # own "high" (3 sessions/s of ~6 turns against 4 engines of 10 k tokens/s) is ~0.22, and
 # bench/tail.sh's high load ~0.33. Overload is the 1.3: every router queues.
-LOAD = {"moderate": 0.12, "high": 0.25, "overload": 1.3}
+# `busy` (capacity cells only): three engines are over capacity at ideal reuse (1.07), four
+# just under it, so the fleet queues when the new or restarted engine is not used.
+LOAD = {"moderate": 0.12, "high": 0.25, "overload": 1.3, "busy": 0.8}
 ENGINES = {"4eq": [1, 1, 1, 1], "8eq": [1] * 8, "4mixed": [1, 1, 0.5, 0.5]}
 PREFILL = {"serial": 0, "chunked": 512}  # engine-sim --prefill-chunk-tokens
 
@@ -80,8 +82,8 @@ CELLS = {
 #   cap-crash: four engines; one is SIGKILLed at CAP_AT and restarted (same port, cold
 #              cache) CAP_DOWN seconds later
 CAPACITY = {
-    "cap-add": ("few", "4k", "agents", 1.0, 0.1, "half", "high", "4eq", "serial"),
-    "cap-crash": ("few", "4k", "agents", 1.0, 0.1, "half", "high", "4eq", "serial"),
+    "cap-add": ("few", "4k", "agents", 1.0, 0.1, "half", "busy", "4eq", "serial"),
+    "cap-crash": ("few", "4k", "agents", 1.0, 0.1, "half", "busy", "4eq", "serial"),
 }
 ALL = {**CELLS, **CAPACITY}
 # The axis names, for the page.
@@ -234,7 +236,7 @@ def cmd_estimate(cells, n_seeds, n_configs):
     for name in cells.split():
         c = derive(name)
         # arrivals + the drain's usual part + starting engines, router and the summary
-        per = c["duration_s"] + (drain if c["axes"]["load"] == "overload" else 2.0) + 3.0 + 0.1 * c["engines"]
+        per = c["duration_s"] + (drain if c["axes"]["load"] in ("overload", "busy") else 2.0) + 3.0 + 0.1 * c["engines"]
         total += per * int(n_seeds) * int(n_configs)
     print(int(total))
 

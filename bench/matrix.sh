@@ -25,7 +25,7 @@
 # A tokengate config is bench/matrix/<name>.yaml (else bench/tail/<name>.yaml): the
 # service's keys, not indented; smg-<policy> runs smg with that --policy.
 #
-# Capacity cells (not in the default CELLS; `CELLS="cap-add cap-crash"`, ~8 min):
+# Capacity cells (not in the default CELLS; `CELLS="cap-add cap-crash"`, ~12 min):
 #   cap-add    three engines at the high load; at CAP_AT s a fourth joins (tokengate: the
 #              config file gains it + SIGHUP; smg: POST /workers)
 #   cap-crash  four engines; e2 is SIGKILLed at CAP_AT s and restarted CAP_DOWN s later
@@ -185,7 +185,7 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
   sleep "$WARMUP"
   engine_stats >"$RUN_DIR/engines0.json"
   if [[ $cell == cap-* ]]; then
-    sleep "$(awk -v t0="$t_replay" -v now="$(date +%s.%N)" -v at="$CAP_AT" 'BEGIN { d = t0 + at - now; printf "%.2f", d > 0 ? d : 0 }')"
+    sleep "$(awk -v t0="$t_replay" -v now="$(date +%s.%N)" -v at="$CAP_AT" 'BEGIN { d = t0 + at - now; printf "%.2f", (d > 0 ? d : 0) }')"
     capacity_event "$cell" "$kind"
   fi
   wait "$replay" || echo "   replay failed (exit $?), see $RUN_DIR/replay.log" >&2
