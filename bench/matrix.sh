@@ -171,7 +171,12 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
       cp "$WORK/gw.yaml" "$RUN_DIR/gateway.yaml"
       target=$GW_URL;;
     smg)
-      start_smg "$(smg_policy "$name")" --worker-urls "${ENGINE_URLS[@]:0:$n_routed}"
+      if ! start_smg "$(smg_policy "$name")" --worker-urls "${ENGINE_URLS[@]:0:$n_routed}" 2>"$RUN_DIR/smg_start.log"; then
+        echo "   smg did not start (see $RUN_DIR/smg_start.log): run skipped" >&2
+        [ -z "$SMG_PID" ] || stop "$SMG_PID"
+        stop "${ENGINE_PIDS[@]}"
+        return 0
+      fi
       echo "smg $(smg --version 2>&1 | head -1) launch --policy $(smg_policy "$name") (defaults otherwise)" >"$RUN_DIR/router.txt"
       target=$SMG_URL;;
   esac
