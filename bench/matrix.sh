@@ -23,7 +23,9 @@
 #   smg-cache-aware   smg launch --policy cache_aware
 #   smg-rr            smg launch --policy round_robin (the floor)
 # A tokengate config is bench/matrix/<name>.yaml (else bench/tail/<name>.yaml): the
-# service's keys, not indented; smg-<policy> runs smg with that --policy.
+# service's keys, not indented, or a line "# from: FILE SERVICE" that takes that service's
+# keys (all but its instances) from a config file (tg-policy: conf/policy.yaml's agents);
+# smg-<policy> runs smg with that --policy.
 #
 # Capacity cells (not in the default CELLS; `CELLS="cap-add cap-crash"`, ~12 min):
 #   cap-add    three engines at the high load; at CAP_AT s a fourth joins (tokengate: the
@@ -166,8 +168,18 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
   local target
   case $kind in
     tg)
-      local f; f=$(config_file "$name")
-      ENGINES=$n_routed start_tokengate "$(grep -v '^#' "$f" | sed 's/^/    /')"
+      local f from body; f=$(config_file "$name")
+      from=$(sed -n 's/^# from: *//p' "$f" | head -1)
+      if [ -n "$from" ]; then # "# from: FILE SERVICE": that service's keys in that file
+        body=$(awk -v svc="${from#* }" '
+          $0 ~ "^  - name: " svc "$" { on = 1; next }
+          on && (/^  - / || /^    instances:/) { exit }
+          on { print }' "${from%% *}")
+        [ -n "$body" ] || { echo "no service '${from#* }' in ${from%% *}" >&2; exit 1; }
+      else
+        body=$(grep -v '^#' "$f" | sed 's/^/    /')
+      fi
+      ENGINES=$n_routed start_tokengate "$body"
       cp "$WORK/gw.yaml" "$RUN_DIR/gateway.yaml"
       target=$GW_URL;;
     smg)
