@@ -32,7 +32,8 @@
 #              config file gains it + SIGHUP; smg: POST /workers)
 #   cap-crash  four engines; e2 is SIGKILLed at CAP_AT s and restarted CAP_DOWN s later
 #              (same port, cold cache)
-# Their figure is the requests per engine per CAP_BUCKET seconds (the scorecard shows it).
+# Their figures: the requests per engine per CAP_BUCKET seconds, and each engine's prefill
+# queue (requests waiting or prefilling, polled every second: queues.jsonl).
 #
 # Usage: bench/matrix.sh                       (builds target/release/tokengate; BUILD=0 skips)
 #        CELLS=few-4k-people-half-high SEEDS=1 bench/matrix.sh     one cell, one seed
@@ -199,6 +200,21 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
     >/dev/null 2>"$RUN_DIR/replay.log" &
   local replay=$!; PIDS+=($replay)
   local t_replay; t_replay=$(date +%s.%N)
+  local poller=
+  if [[ $cell == cap-* ]]; then # each engine's prefill queue (waiting + prefilling), every second
+    (
+      while :; do
+        line="{\"t\": $(awk -v t0="$t_replay" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", now - t0 }')"
+        for i in $(seq 1 "$CELL_ENGINES"); do
+          q=$(curl -sf -m 1 "${ENGINE_URLS[$((i-1))]}/admin/stats" | grep -oE '"prefill_phase":[0-9]+' | cut -d: -f2 || true)
+          line="$line, \"e$i\": ${q:-null}"
+        done
+        echo "$line}"
+        sleep 1
+      done
+    ) >"$RUN_DIR/queues.jsonl" 2>/dev/null &
+    poller=$!; PIDS+=($poller)
+  fi
   sleep "$WARMUP"
   engine_stats >"$RUN_DIR/engines0.json"
   if [[ $cell == cap-* ]]; then
@@ -207,6 +223,7 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
   fi
   wait "$replay" || echo "   replay failed (exit $?), see $RUN_DIR/replay.log" >&2
   stop "$replay"
+  [ -z "$poller" ] || stop "$poller"
   if [[ $cell == cap-crash ]]; then # the restarted engine's URL is the same
     wait_http "${ENGINE_URLS[1]}/health"
   fi

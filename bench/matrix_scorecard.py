@@ -219,10 +219,34 @@ def main(out):
                     print("**%s, %s, seed %d** (%s; peak in-flight per engine: %s)" % (
                         c, cfg, seed, event, ", ".join("%s %s" % (k, ms(x)) for k, x in sorted((s.get("peak_inflight") or {}).items()))))
                     print()
+                    # the largest prefill queue each engine had in each bucket (polled every second)
+                    qmax = {}
+                    try:
+                        for line in open(os.path.join(out, c, "s%d" % seed, cfg, "queues.jsonl")):
+                            try:
+                                row = json.loads(line)
+                            except ValueError:
+                                continue
+                            i = int(row.get("t", 0) // b)
+                            for e, q in row.items():
+                                if e != "t":
+                                    cur = qmax.setdefault(e, {}).get(i)
+                                    qmax[e][i] = q if cur is None else (cur if q is None else max(cur, q))
+                    except OSError:
+                        pass
+                    print("requests sent (peak prefill queue: waiting + prefilling, polled every second; - = down)")
+                    print()
                     print("| engine | " + " | ".join("%g-%g s" % (i * b, (i + 1) * b) for i in range(nb)) + " |")
                     print("|---|" + "---|" * nb)
                     for e, xs in sorted(pe.items()):
-                        print("| %s | " % e + " | ".join(str(x) for x in xs) + " |")
+                        q = qmax.get(e, {})
+                        cells = []
+                        for i, x in enumerate(xs):
+                            if i in q:
+                                cells.append("%d (%s)" % (x, "-" if q[i] is None else q[i]))
+                            else:
+                                cells.append(str(x))
+                        print("| %s | " % e + " | ".join(cells) + " |")
                     print()
 
 
