@@ -1,0 +1,233 @@
+//! A real engine in the loop: two real vLLM servers (the CPU build serving the tiny model of
+//! `scripts/vllm/setup.sh`) behind the real gateway binary. What engine-sim cannot show: a
+//! real scheduler and prefix cache counting real tokens in 128-token blocks.
+//!
+//! Opt-in: runs only with `TOKENGATE_VLLM=1` (the setup installs ~6 GB once per machine and
+//! takes 20–35 min the first time; each vLLM takes ~2 GB and a core, ~60–80 s to start);
+//! skipped with a message otherwise. `scripts/vllm/setup.sh` must have run (it prints its
+//! directory at once when it has).
+
+mod common;
+
+use common::*;
+use futures_util::StreamExt;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One vLLM server on a loopback port, killed (with its engine process) on drop.
+struct Vllm {
+    child: Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Vllm {
+    fn start(core: u32, dir: &std::path::Path) -> Vllm {
+        // vLLM binds its own port: take a free one (a short race, for an opt-in test).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = dir.join(format!("vllm-{port}.log"));
+        let f = std::fs::File::create(&log).unwrap();
+        let child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/vllm/serve.sh"))
+            .args([port.to_string(), core.to_string()])
+            .process_group(0)
+            .stdout(Stdio::from(f.try_clone().unwrap()))
+            .stderr(Stdio::from(f))
+            .spawn()
+            .expect("scripts/vllm/serve.sh");
+        Vllm { child, port, log }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let c = reqwest::Client::new();
+        loop {
+            if let Ok(r) = c.get(self.url("/health")).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            if let Ok(Some(s)) = self.child.try_wait() {
+                panic!(
+                    "vLLM exited ({s}):\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "vLLM did not start");
+            tokio::time::sleep(Duration::from_millis(500)).await; // ok-sleep: poll interval under a deadline
+        }
+    }
+
+    async fn reset_cache(&self) {
+        let r = reqwest::Client::new()
+            .post(self.url("/reset_prefix_cache"))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+
+    async fn running(&self) -> f64 {
+        let text = reqwest::get(self.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with("vllm:num_requests_running{"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    }
+}
+
+impl Drop for Vllm {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn system_prompt() -> String {
+    "You are a helpful assistant for the gateway team. ".repeat(60)
+}
+
+/// One chat request: (instance, prompt tokens, cached tokens).
+async fn chat(gw: &GatewayProc, user: &str) -> (String, u64, u64) {
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "tiny", "max_tokens": 4,
+            "messages": [{"role": "system", "content": system_prompt()},
+                         {"role": "user", "content": user}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let who = r.headers()["x-tokengate-instance"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let v: serde_json::Value = r.json().await.unwrap();
+    let u = &v["usage"];
+    (
+        who,
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vllm_behind_the_gateway() {
+    if std::env::var("TOKENGATE_VLLM").as_deref() != Ok("1") {
+        eprintln!("skipped: set TOKENGATE_VLLM=1 (after scripts/vllm/setup.sh) to run against real vLLM");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut v1 = Vllm::start(0, dir.path());
+    let mut v2 = Vllm::start(1, dir.path());
+    v1.wait_ready().await;
+    v2.wait_ready().await;
+    let instances = format!(
+        "    instances:\n      - {{id: v1, addr: \"127.0.0.1:{}\"}}\n      - {{id: v2, addr: \"127.0.0.1:{}\"}}\n",
+        v1.port, v2.port
+    );
+    let layered = GatewayProc::start(&format!(
+        "services:\n  - name: tiny\n    scheduler: {{mode: layered}}\n    engine_metrics: {{interval: 200ms, cache_size: true}}\n{instances}"
+    ));
+    let rr = GatewayProc::start(&format!(
+        "services:\n  - name: tiny\n    load_balancing: round-robin\n{instances}"
+    ));
+
+    // Layered: a tenant's repeated system prompt stays on one instance, whose vLLM reports it
+    // cached from the second request on.
+    v1.reset_cache().await;
+    v2.reset_cache().await;
+    let mut seen = Vec::new();
+    for i in 0..6 {
+        seen.push(chat(&layered, &format!("question {i}")).await);
+    }
+    let home = &seen[0].0;
+    assert!(seen.iter().all(|s| &s.0 == home), "{seen:?}");
+    assert_eq!(seen[0].2, 0, "{seen:?}");
+    assert!(seen[1..].iter().all(|s| s.2 > 0), "{seen:?}");
+    let engine_cached: u64 = seen.iter().map(|s| s.2).sum();
+    let prompt: u64 = seen.iter().map(|s| s.1).sum();
+    let v = layered.instances().await;
+    eprintln!(
+        "layered: {seen:?}; engine cached {engine_cached}/{prompt} tokens; index trims {} ({} blocks)",
+        v["prefix_indexes"][0]["trims"], v["prefix_indexes"][0]["trimmed_blocks"]
+    );
+
+    // Round-robin: the same prompt alternates, so each instance computes it once.
+    v1.reset_cache().await;
+    v2.reset_cache().await;
+    let mut rrs = Vec::new();
+    for i in 0..4 {
+        rrs.push(chat(&rr, &format!("question {i}")).await);
+    }
+    assert_ne!(rrs[0].0, rrs[1].0, "{rrs:?}");
+    assert_eq!((rrs[0].2, rrs[1].2), (0, 0), "{rrs:?}");
+    assert!(rrs[2].2 > 0 && rrs[3].2 > 0, "{rrs:?}");
+
+    // Every API through the gateway, streamed and not, with usage.
+    let c = reqwest::Client::new();
+    let r = c
+        .post(layered.url("/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "tiny", "max_tokens": 8, "stream": true,
+            "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("\"usage\"") && text.trim_end().ends_with("data: [DONE]"), "{text}");
+    for (path, body) in [
+        ("/v1/completions", serde_json::json!({"model": "tiny", "max_tokens": 8, "prompt": "hello"})),
+        ("/v1/messages", serde_json::json!({"model": "tiny", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hello"}]})),
+        ("/v1/responses", serde_json::json!({"model": "tiny", "max_output_tokens": 8, "input": "hello"})),
+    ] {
+        let r = c.post(layered.url(path)).json(&body).send().await.unwrap();
+        let status = r.status();
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "{path}: {v}");
+        assert!(v["usage"].is_object(), "{path}: {v}");
+    }
+
+    // engine_metrics reads vLLM's own figures: its KV cache size from vllm:cache_config_info.
+    eventually("the engines' cache size", || async {
+        let v = layered.instances().await;
+        v["instances"][0]["engine"]["cache_tokens"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+
+    // A client that hangs up mid-stream: vLLM stops working on it.
+    let r = c
+        .post(layered.url("/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "tiny", "max_tokens": 3000, "stream": true,
+            "ignore_eos": true, "messages": [{"role": "user", "content": "go on"}]}))
+        .send()
+        .await
+        .unwrap();
+    let mut s = r.bytes_stream();
+    s.next().await.unwrap().unwrap();
+    drop(s);
+    eventually("vLLM to stop the abandoned request", || async {
+        v1.running().await == 0.0 && v2.running().await == 0.0
+    })
+    .await;
+}
