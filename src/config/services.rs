@@ -1,0 +1,237 @@
+//! `services:`: the served models, each a pool of engine instances.
+
+use super::{PdSettings, SchedulerConfig, Secret, ThrottlingSettings, TlsSettings};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+use tokengate_plugins::LbPolicy;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// The model name clients send (`"model": "qwen3-32b"`).
+    pub name: String,
+    /// `least-token`, `least-request`, `round-robin` or `predicted-ttft`. Default:
+    /// `predicted-ttft` under a layered scheduler, else `least-token`.
+    #[serde(default)]
+    pub load_balancing: Option<LbPolicy>,
+    /// Layered or policy scheduling; absent = `load_balancing` alone.
+    #[serde(default)]
+    pub scheduler: Option<SchedulerConfig>,
+    /// Scrape the engines' own load figures from their Prometheus metrics (vLLM or SGLang
+    /// names); absent = off.
+    #[serde(default)]
+    pub engine_metrics: Option<EngineMetricsSettings>,
+    /// Slot limits per instance or per service, and what happens beyond them; absent = off.
+    #[serde(default)]
+    pub throttling: Option<ThrottlingSettings>,
+    /// Prefill/decode disaggregation: the instances have roles (`prefill` / `decode`);
+    /// absent = integrated engines.
+    #[serde(default)]
+    pub pd: Option<PdSettings>,
+    /// The engines' API key (their `--api-key`), sent as `Authorization: Bearer` to every
+    /// instance without its own.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// TLS towards the instances addressed by `https://` URLs.
+    #[serde(default)]
+    pub tls: Option<TlsSettings>,
+    pub instances: Vec<InstanceConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceConfig {
+    /// Unique id, shown in `x-tokengate-instance`, metrics and logs.
+    pub id: String,
+    /// The engine's HTTP server: `ip:port`, or `host:port` resolved at load (see
+    /// [`crate::resolve`]).
+    pub addr: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// `prefill` or `decode` in a prefill/decode-disaggregated service (`services[].pd`).
+    #[serde(default)]
+    pub role: Option<InstanceRole>,
+    /// SGLang prefill instances: the engine's `--disaggregation-bootstrap-port`, sent to the
+    /// decode instance as `bootstrap_port` (`pd.mode: sglang-mooncake`).
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
+    /// The engine's API key (its `--api-key`), sent as `Authorization: Bearer`; overrides
+    /// the service's.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// The engine's KV cache size in tokens (vLLM: `num_gpu_blocks` × `block_size` in its
+    /// startup log or `vllm:cache_config_info`; SGLang: `max_total_num_tokens`). When given, the
+    /// prefix index never believes this instance holds more than that: once it does, the
+    /// instance's least recently used entries leave the index, as the engine evicts them.
+    #[serde(default)]
+    pub cache_tokens: Option<u64>,
+}
+
+/// An instance's part in a prefill/decode-disaggregated service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceRole {
+    Prefill,
+    Decode,
+}
+
+impl InstanceRole {
+    pub fn plugin_role(self) -> tokengate_plugins::Role {
+        match self {
+            InstanceRole::Prefill => tokengate_plugins::Role::Prefill,
+            InstanceRole::Decode => tokengate_plugins::Role::Decode,
+        }
+    }
+}
+
+/// `GET path` on every instance of the service every `interval`: running and queued
+/// requests and KV usage, shown in `/admin/instances` and read by the predicted-TTFT model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineMetricsSettings {
+    #[serde(default = "d_em_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(default = "d_em_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    #[serde(default = "d_em_path")]
+    pub path: String,
+    /// `true`: an instance without `cache_tokens` takes the KV cache size its engine reports
+    /// (`vllm:cache_config_info`, `sglang:max_total_num_tokens`) as its `cache_tokens`.
+    #[serde(default)]
+    pub cache_size: bool,
+}
+
+fn d_em_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn d_em_timeout() -> Duration {
+    Duration::from_millis(500)
+}
+fn d_em_path() -> String {
+    "/metrics".into()
+}
+
+impl EngineMetricsSettings {
+    fn validate(&self, si: usize, errs: &mut Vec<String>) {
+        let em = self;
+        if em.interval.is_zero() || em.timeout.is_zero() {
+            errs.push(format!(
+                "services[{si}].engine_metrics.interval / timeout: must be greater than 0"
+            ));
+        }
+        if !em.path.starts_with('/') {
+            errs.push(format!(
+                "services[{si}].engine_metrics.path: {:?} must start with /",
+                em.path
+            ));
+        }
+    }
+}
+
+/// Every service and its instances; returns the service names. Errors come in the order of
+/// the file: first every service's name and instances, then every service's features.
+pub(super) fn validate<'a>(
+    services: &'a [ServiceConfig],
+    block_size: usize,
+    errs: &mut Vec<String>,
+) -> HashSet<&'a str> {
+    if services.is_empty() {
+        errs.push("services: at least one service is required".into());
+    }
+    let mut names = HashSet::new();
+    let mut ids = HashSet::new();
+    for (si, s) in services.iter().enumerate() {
+        if s.name.is_empty() {
+            errs.push(format!("services[{si}].name: must not be empty"));
+        }
+        if !names.insert(s.name.as_str()) {
+            errs.push(format!(
+                "services[{si}].name: duplicate service {:?}",
+                s.name
+            ));
+        }
+        if s.instances.is_empty() {
+            errs.push(format!(
+                "services[{si}].instances: at least one instance is required"
+            ));
+        }
+        for (ii, inst) in s.instances.iter().enumerate() {
+            inst.validate(
+                &format!("services[{si}].instances[{ii}]"),
+                &mut ids,
+                block_size,
+                errs,
+            );
+        }
+    }
+    for (si, s) in services.iter().enumerate() {
+        s.validate_features(si, errs);
+    }
+    names
+}
+
+impl ServiceConfig {
+    /// Scheduler, throttling, roles, key, TLS and engine metrics of `services[si]`.
+    fn validate_features(&self, si: usize, errs: &mut Vec<String>) {
+        let s = self;
+        if let Some(sc) = &s.scheduler {
+            super::scheduler::validate_scheduler(sc, &format!("services[{si}].scheduler"), errs);
+        }
+        if let Some(t) = &s.throttling {
+            t.validate(si, s.pd.is_some(), errs);
+        }
+        super::pd::validate_pd(si, s, errs);
+        if let Some(k) = &s.api_key {
+            if let Err(e) = k.check() {
+                errs.push(format!("services[{si}].api_key: {e}"));
+            }
+        }
+        if let Some(t) = &s.tls {
+            if let Err(e) = crate::tls::check(t) {
+                errs.push(format!("services[{si}].tls.{e}"));
+            }
+        }
+        if let Some(em) = &s.engine_metrics {
+            em.validate(si, errs);
+        }
+    }
+}
+
+impl InstanceConfig {
+    fn validate<'a>(
+        &'a self,
+        p: &str,
+        ids: &mut HashSet<&'a str>,
+        block_size: usize,
+        errs: &mut Vec<String>,
+    ) {
+        let inst = self;
+        if inst.id.is_empty() {
+            errs.push(format!("{p}.id: must not be empty"));
+        } else if !ids.insert(inst.id.as_str()) {
+            errs.push(format!("{p}.id: duplicate instance id {:?}", inst.id));
+        } else if http::HeaderValue::from_str(&inst.id).is_err() {
+            errs.push(format!(
+            "{p}.id: {:?} cannot be sent in the x-tokengate-instance header (use visible ASCII)",
+            inst.id
+        ));
+        }
+        if let Err(e) = crate::resolve::target(&inst.addr) {
+            errs.push(format!("{p}.addr: {e}"));
+        }
+        if let Some(k) = &inst.api_key {
+            if let Err(e) = k.check() {
+                errs.push(format!("{p}.api_key: {e}"));
+            }
+        }
+        if let Some(t) = inst.cache_tokens {
+            let block = block_size.max(1) as u64;
+            if t < block {
+                errs.push(format!(
+                "{p}.cache_tokens: {t} is less than one prefix block (prefix_index.block_size: {block}); give the engine's KV cache size in tokens"
+            ));
+            }
+        }
+    }
+}
