@@ -1,6 +1,5 @@
 //! `health_check:` (active probes) and `passive_health:` (ejection and retries).
 
-use super::yes;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -119,4 +118,8 @@ impl PassiveHealthSettings {
             }
         }
     }
+}
+
+fn yes() -> bool {
+    true
 }

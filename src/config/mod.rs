@@ -18,6 +18,7 @@ use std::time::Duration;
 mod decision;
 mod global;
 mod health;
+mod instance;
 mod mirror;
 mod pd;
 mod policy;
@@ -34,6 +35,7 @@ pub use crate::tls::TlsSettings;
 pub use decision::{DecisionSettings, ProviderConfig};
 pub use global::{GlobalSettings, MemberConfig};
 pub use health::{HealthCheckSettings, PassiveHealthSettings};
+pub use instance::{InstanceConfig, InstanceRole};
 pub use mirror::MirrorSettings;
 pub use pd::{PdMode, PdSettings};
 pub use policy::{KeySource, PluginSettings, PolicySettings, UnboundSessions};
@@ -46,7 +48,7 @@ pub use scheduler::{
     DEFAULT_PREFIX_WAITING_THRESHOLD, DEFAULT_TTFT_SLACK, DEFAULT_TTFT_TOLERANCE,
 };
 pub use secret::Secret;
-pub use services::{EngineMetricsSettings, InstanceConfig, InstanceRole, ServiceConfig};
+pub use services::{EngineMetricsSettings, ServiceConfig};
 pub use split::{SplitFailover, SplitProxy, SplitSettings, SplitStrategy};
 pub use throttling::ThrottlingSettings;
 pub use timeouts::Timeouts;
@@ -118,12 +120,6 @@ pub struct Config {
     pub split: Option<SplitSettings>,
 }
 
-fn yes() -> bool {
-    true
-}
-fn d_true() -> bool {
-    true
-}
 fn default_listen() -> Vec<String> {
     vec!["127.0.0.1:8080".into()]
 }
@@ -196,7 +192,13 @@ impl Config {
             sp.validate(&mut errs);
         }
         self.cost_model.validate(&mut errs);
-        routes::validate(self, &names, &mut errs);
+        routes::validate(
+            &self.services,
+            &self.routes,
+            &self.providers,
+            &names,
+            &mut errs,
+        );
         self.routing.validate(&names, &mut errs);
         if errs.is_empty() {
             Ok(())

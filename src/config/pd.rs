@@ -1,6 +1,6 @@
 //! `services[].pd:`: prefill/decode disaggregation, and the instances' roles.
 
-use super::{InstanceRole, ServiceConfig};
+use super::instance::{InstanceConfig, InstanceRole};
 use serde::Deserialize;
 use tokengate_plugins::LbPolicy;
 
@@ -42,9 +42,14 @@ impl PdMode {
 }
 
 /// Roles and bootstrap ports of a service's instances against its `pd` settings.
-pub(super) fn validate_pd(si: usize, s: &ServiceConfig, errs: &mut Vec<String>) {
-    let Some(pd) = &s.pd else {
-        for (ii, i) in s.instances.iter().enumerate() {
+pub(super) fn validate_pd(
+    si: usize,
+    pd: Option<&PdSettings>,
+    instances: &[InstanceConfig],
+    errs: &mut Vec<String>,
+) {
+    let Some(pd) = pd else {
+        for (ii, i) in instances.iter().enumerate() {
             let p = format!("services[{si}].instances[{ii}]");
             if i.role.is_some() {
                 errs.push(format!(
@@ -68,7 +73,7 @@ pub(super) fn validate_pd(si: usize, s: &ServiceConfig, errs: &mut Vec<String>) 
         ));
     }
     let (mut prefill, mut decode) = (0, 0);
-    for (ii, i) in s.instances.iter().enumerate() {
+    for (ii, i) in instances.iter().enumerate() {
         let p = format!("services[{si}].instances[{ii}]");
         match i.role {
             None => errs.push(format!(

@@ -2,8 +2,10 @@
 //! model finds its service).
 
 use super::decision::validate_providers;
+use super::decision::{DecisionSettings, ProviderConfig};
 use super::policy::validate_policy;
-use super::{yes, Config, DecisionSettings, PluginSettings, PolicySettings, ProviderConfig};
+use super::policy::{PluginSettings, PolicySettings};
+use super::services::ServiceConfig;
 use serde::Deserialize;
 use std::collections::HashSet;
 
@@ -104,10 +106,15 @@ impl RouteConfig {
 }
 
 /// Providers and routes (`names`: the service names).
-pub(super) fn validate(cfg: &Config, names: &HashSet<&str>, errs: &mut Vec<String>) {
-    let pnames = validate_providers(&cfg.providers, errs);
-    let pd_services: HashSet<&str> = cfg
-        .services
+pub(super) fn validate(
+    services: &[ServiceConfig],
+    routes: &[RouteConfig],
+    providers: &[ProviderConfig],
+    names: &HashSet<&str>,
+    errs: &mut Vec<String>,
+) {
+    let pnames = validate_providers(providers, errs);
+    let pd_services: HashSet<&str> = services
         .iter()
         .filter(|s| s.pd.is_some())
         .map(|s| s.name.as_str())
@@ -115,11 +122,11 @@ pub(super) fn validate(cfg: &Config, names: &HashSet<&str>, errs: &mut Vec<Strin
     let known = Known {
         services: names,
         pd_services: &pd_services,
-        providers: &cfg.providers,
+        providers,
         provider_names: &pnames,
     };
     let mut rnames = HashSet::new();
-    for (ri, r) in cfg.routes.iter().enumerate() {
+    for (ri, r) in routes.iter().enumerate() {
         r.validate(ri, &known, &mut rnames, errs);
     }
 }
@@ -233,4 +240,8 @@ impl Routing {
         _ => {}
     }
     }
+}
+
+fn yes() -> bool {
+    true
 }

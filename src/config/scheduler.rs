@@ -2,7 +2,7 @@
 //! load balancing) or policy mode (weighted plugins, see [`super::policy`]).
 
 use super::policy::{d_max_entries, d_session_ttl, validate_policy};
-use super::{d_true, yes, PluginSettings, PolicySettings};
+use super::policy::{PluginSettings, PolicySettings};
 use serde::Deserialize;
 use std::time::Duration;
 use tokengate_plugins::AffinityMode;
@@ -267,4 +267,11 @@ pub(super) fn validate_scheduler(sc: &SchedulerConfig, p: &str, errs: &mut Vec<S
             }
         }
     }
+}
+
+fn yes() -> bool {
+    true
+}
+fn d_true() -> bool {
+    true
 }

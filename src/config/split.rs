@@ -1,6 +1,7 @@
 //! `split:`: the split proxy (external APIs next to our own services).
 
-use super::{d_true, Secret, TlsSettings};
+use super::secret::Secret;
+use crate::tls::TlsSettings;
 use serde::Deserialize;
 use std::collections::HashSet;
 
@@ -189,4 +190,8 @@ impl SplitSettings {
             }
         }
     }
+}
+
+fn d_true() -> bool {
+    true
 }
