@@ -2,6 +2,9 @@
 
 use super::*;
 use std::time::Duration;
+use tokengate_plugins::{
+    LeastTokenParams, PredictedTtftParams, PrefixCacheParams, SessionAffinityParams,
+};
 
 const MIN: &str = "services:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n";
 
@@ -145,7 +148,7 @@ fn least_cached_and_the_ttft_temperature_are_parsed_and_checked() {
     };
     assert!(matches!(
         ps.plugins[0],
-        PluginSettings::PredictedTtft { temperature: Some(t), tolerance: Some(tol), slack: Some(sl), .. }
+        PluginSettings::PredictedTtft(PredictedTtftParams { temperature: Some(t), tolerance: Some(tol), slack: Some(sl), .. })
             if t == Duration::from_millis(250) && tol == 0.5 && sl == Duration::from_millis(50)
     ));
     assert_eq!(ps.plugins[1].kind(), "least-cached");
@@ -208,14 +211,14 @@ fn the_ttft_filter_and_unbound_affinity_are_parsed_and_checked() {
     };
     assert!(matches!(
         ps.plugins[0],
-        PluginSettings::PredictedTtft { filter: true, .. }
+        PluginSettings::PredictedTtft(PredictedTtftParams { filter: true, .. })
     ));
     assert!(matches!(
         ps.plugins[1],
-        PluginSettings::SessionAffinity {
+        PluginSettings::SessionAffinity(SessionAffinityParams {
             unbound: UnboundSessions::Abstain,
             weight: Some(2.0)
-        }
+        })
     ));
     // Defaults: not a filter, rendezvous for unbound sessions.
     let plain = Config::from_yaml(
@@ -228,14 +231,14 @@ fn the_ttft_filter_and_unbound_affinity_are_parsed_and_checked() {
     };
     assert!(matches!(
         ps.plugins[0],
-        PluginSettings::PredictedTtft { filter: false, .. }
+        PluginSettings::PredictedTtft(PredictedTtftParams { filter: false, .. })
     ));
     assert!(matches!(
         ps.plugins[1],
-        PluginSettings::SessionAffinity {
+        PluginSettings::SessionAffinity(SessionAffinityParams {
             unbound: UnboundSessions::Rendezvous,
             ..
-        }
+        })
     ));
     let e = Config::from_yaml(&y.replace("unbound: abstain", "unbound: hash"))
         .unwrap_err()
@@ -255,11 +258,11 @@ fn plugin_parameters_are_typed_and_checked() {
     };
     assert!(matches!(
         ps.plugins[0],
-        PluginSettings::LeastToken { weight: Some(w), token_scale } if w == 2.0 && token_scale == 500.0
+        PluginSettings::LeastToken(LeastTokenParams { weight: Some(w), token_scale }) if w == 2.0 && token_scale == 500.0
     ));
     assert!(matches!(
         ps.plugins[1],
-        PluginSettings::PrefixCache { weight: None, min_hit_ratio, max_waiting: None } if min_hit_ratio == 0.2
+        PluginSettings::PrefixCache(PrefixCacheParams { weight: None, min_hit_ratio, max_waiting: None }) if min_hit_ratio == 0.2
     ));
     assert_eq!(ps.session_max_entries, 100_000);
     let bad = y
