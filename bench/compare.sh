@@ -19,8 +19,8 @@
 #   SEED, DURATION, DRAIN, TRACE, CONFIGS="direct-rr tg-layered …" (a subset, in order; a name
 #   given twice runs twice), OUT (results directory), MD (the markdown table).
 # The text after "<!-- discussion -->" in the existing MD file is kept when it is rewritten.
-# Needs: cargo, python3, smg (pip install smg). Writes bench/results/routing.md and
-# bench/results/routing/<config>/{report.json,report.md,ttft_cdf.svg,inflight.svg,…}.
+# Needs: cargo, python3, smg (pip install smg). Writes bench/results/routing.md and (not
+# committed) target/bench/routing/<config>/{report.json,report.md,ttft_cdf.svg,inflight.svg,…}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -39,7 +39,7 @@ TRACE=${TRACE:-$ROOT/../shared/traces/mooncake_conversation_trace.jsonl}
 [ -f "$TRACE" ] || TRACE=/work/shared/traces/mooncake_conversation_trace.jsonl
 DEFAULT_CONFIGS="direct-rr tg-rr tg-least-token tg-layered tg-layered-aff tg-policy smg-rr smg-cache-aware"
 CONFIGS=${CONFIGS:-$DEFAULT_CONFIGS}
-OUT=${OUT:-bench/results/routing}
+OUT=${OUT:-target/bench/routing}
 MD=${MD:-bench/results/routing.md}
 MODEL=qwen3-0.6b
 BLOCK_SIZE=16 # engine-sim KV block (tokens) = the gateway's prefix_index.block_size
@@ -142,7 +142,7 @@ WALL=$(( $(date +%s) - T0 ))
 CMD=""
 for v in LIMIT TIME_SCALE BLOCK_TOKENS SIM_TIME_SCALE KV_BLOCKS SEED DURATION DRAIN; do CMD="$CMD$v=${!v} "; done
 [ "$CONFIGS" = "$DEFAULT_CONFIGS" ] || CMD="${CMD}CONFIGS=\"$CONFIGS\" "
-[ "$OUT" = bench/results/routing ] || CMD="${CMD}OUT=$OUT "
+[ "$OUT" = target/bench/routing ] || CMD="${CMD}OUT=$OUT "
 [ "$MD" = bench/results/routing.md ] || CMD="${CMD}MD=$MD "
 CMD="${CMD}bench/compare.sh"
 [ -n "${NO_TABLE:-}" ] && exit 0
@@ -256,7 +256,7 @@ w(f"Engines: a fresh fleet of 8 `tokengate engine-sim` processes per row (cold K
   f"(prefill 8,000 uncached tokens/s and 6 ms + 0.35 ms × running per decode step, divided by the time scale; "
   f"block size 16 tokens). The gateways use their defaults apart from the routing policy; tokengate "
   f"`threads: 2`, `prefix_index.block_size: 16`, `RUST_LOG=warn`; smg `--log-level warn` (Prometheus listener on loopback). Per-row configs, reports, "
-  f"plots (TTFT CDF, in-flight per engine) and the scraped `/metrics`: `bench/results/routing/<row>/`.")
+  f"plots (TTFT CDF, in-flight per engine) and the scraped `/metrics`: `{out}/<row>/` (not committed).")
 w("")
 w(f"**Ceiling** = the trace's prefix-hit ceiling for exactly these requests (one infinite cache shared by all "
   f"engines): {pct(ceil_tok)} of prompt tokens ({pct(tok['ideal_block_hit_ratio'])} of blocks). "

@@ -52,7 +52,7 @@
 # Knobs (environment): SEEDS ("1 2 3"), CONFIGS, ENGINES (4), PREFILLS (2), DECODES (2),
 #   TRACE, LIMIT (300), WINDOW (1500), TIME_SCALE (2.2), DURATION (50 s of sending), DRAIN
 #   (25 s), SIM_TIME_SCALE, PREFILL_TPS, DECODE_STEP_MS, DECODE_PER_REQ_MS, PREFILL_CHUNK,
-#   KV_TRANSFER_MS, KV_BLOCKS, MAX_RUNNING, SMG_PROBE (1), OUT (bench/results/pd),
+#   KV_TRANSFER_MS, KV_BLOCKS, MAX_RUNNING, SMG_PROBE (1), OUT (target/bench/pd: git-ignored),
 #   MD (bench/results/pd.md), TABLE_ONLY=1 (rewrite MD from OUT without running anything).
 # The text after "<!-- discussion -->" in the existing MD is kept when it is rewritten.
 # Needs: cargo, python3, curl; smg (pip install smg) for smg-* configs.
@@ -85,7 +85,7 @@ KV_TRANSFER_MS=${KV_TRANSFER_MS:-10}
 KV_BLOCKS=${KV_BLOCKS:-65536}
 MAX_RUNNING=${MAX_RUNNING:-64}
 SMG_PROBE=${SMG_PROBE:-1}
-OUT=${OUT:-bench/results/pd}
+OUT=${OUT:-target/bench/pd}
 MD=${MD:-bench/results/pd.md}
 BLOCK_SIZE=16 # engine-sim KV block (tokens) = the gateway's prefix_index.block_size
 MODEL=qwen3-0.6b
@@ -273,7 +273,7 @@ CMD=""
 for v in SEEDS CONFIGS ENGINES PREFILLS DECODES LIMIT WINDOW TIME_SCALE DURATION DRAIN SIM_TIME_SCALE PREFILL_TPS DECODE_STEP_MS DECODE_PER_REQ_MS PREFILL_CHUNK KV_TRANSFER_MS KV_BLOCKS MAX_RUNNING; do
   case "${!v}" in *' '*) CMD="$CMD$v=\"${!v}\" ";; *) CMD="$CMD$v=${!v} ";; esac
 done
-[ "$OUT" = bench/results/pd ] || CMD="${CMD}OUT=$OUT "
+[ "$OUT" = target/bench/pd ] || CMD="${CMD}OUT=$OUT "
 [ "$MD" = bench/results/pd.md ] || CMD="${CMD}MD=$MD "
 CMD="${CMD}bench/pd.sh"
 if [ -z "${TABLE_ONLY:-}" ]; then

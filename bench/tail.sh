@@ -53,8 +53,9 @@
 # Knobs (environment): SEEDS ("1 2 3"), LOADS ("moderate high"), RATE_MODERATE, RATE_HIGH,
 #   CONFIGS, ENGINES, KV_BLOCKS, PREFILL_TPS, SIM_TIME_SCALE, MAX_RUNNING, TENANTS, ZIPF,
 #   SYSTEM_TOKENS, USER_TOKENS, OUTPUT_TOKENS, ONE_SHOT, TURNS, THINK_TIME, DURATION (s),
-#   DRAIN (s), OUT (per-run results), MD (the markdown report), TABLE_ONLY=1 (rewrite MD and
-#   the plots from the results in OUT without running anything), KEEP_REQUESTS=1 (keep every
+#   DRAIN (s), OUT (per-run results, default target/bench/tail: git-ignored), MD (the markdown
+#   report), PLOTS (where the SVG plots go, default bench/results/tail), TABLE_ONLY=1 (rewrite MD
+#   and the plots from the results in OUT without running anything), KEEP_REQUESTS=1 (keep every
 #   request's record — tenant, session, turn, instance, TTFT, tokens — as requests.jsonl.gz),
 #   GW_LOG (the gateway's RUST_LOG, e.g. "warn,tokengate=debug" for every routing decision's
 #   explanation; the log is kept as gateway.log.gz).
@@ -62,8 +63,8 @@
 # Needs: cargo, python3, curl, smg (pip install smg) for smg-* configs.
 # Writes: bench/results/tail.md, bench/results/tail/<load>-ttft.svg (TTFT p50/p90/p99 per
 # config and seed), bench/results/tail/<load>-tail.svg (share of requests with TTFT ≥ x per config, seeds pooled),
-# bench/results/tail/<load>/s<seed>/<config>/{report.json,report.md,ttft_ms.json,
-# engines.json,gateway.yaml,gateway.metrics.txt,instances.json,…}.
+# and the raw per-run results (not committed) under target/bench/tail/<load>/s<seed>/<config>/
+# {report.json,report.md,ttft_ms.json,engines.json,gateway.yaml,gateway.metrics.txt,instances.json,…}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -90,7 +91,8 @@ TURNS=${TURNS:-2-12}
 THINK_TIME=${THINK_TIME:-100ms}
 DURATION=${DURATION:-40}
 DRAIN=${DRAIN:-15}
-OUT=${OUT:-bench/results/tail}
+OUT=${OUT:-target/bench/tail}
+PLOTS=${PLOTS:-bench/results/tail}
 MD=${MD:-bench/results/tail.md}
 MODEL=qwen3-0.6b
 
@@ -239,7 +241,7 @@ CMD=""
 for v in SEEDS LOADS RATE_MODERATE RATE_HIGH CONFIGS ENGINES KV_BLOCKS PREFILL_TPS SIM_TIME_SCALE MAX_RUNNING TENANTS ZIPF SYSTEM_TOKENS USER_TOKENS OUTPUT_TOKENS ONE_SHOT TURNS THINK_TIME DURATION DRAIN; do
   case "${!v}" in *' '*) CMD="$CMD$v=\"${!v}\" ";; *) CMD="$CMD$v=${!v} ";; esac
 done
-[ "$OUT" = bench/results/tail ] || CMD="${CMD}OUT=$OUT "
+[ "$OUT" = target/bench/tail ] || CMD="${CMD}OUT=$OUT "
 [ "$MD" = bench/results/tail.md ] || CMD="${CMD}MD=$MD "
 CMD="${CMD}bench/tail.sh"
 if [ -z "${TABLE_ONLY:-}" ]; then
@@ -256,7 +258,7 @@ fi
 cargo build -p tokengate-bench --bin tail-plot --quiet
 PLOT=$ROOT/target/debug/tail-plot
 
-export SIM_FLAGS WL_FLAGS ENGINES CMD WALL PLOT
+export SIM_FLAGS WL_FLAGS ENGINES CMD WALL PLOT PLOTS
 for v in $(compgen -v RATE_); do export "${v?}"; done
 python3 bench/tail_report.py "$OUT" "$MD" "$LOADS" "$SEEDS" "$CONFIGS"
 cat "$MD"

@@ -4,7 +4,8 @@ load: every run, then medians and spread across seeds per config, and how each c
 against smg cache_aware in the same run) and the plots (through the tail-plot binary).
 
 Usage: tail_report.py OUT MD "LOADS" "SEEDS" "CONFIGS"; environment: SIM_FLAGS, WL_FLAGS,
-ENGINES, CMD, WALL, PLOT (the tail-plot binary); a load's rate is read from its reports.
+ENGINES, CMD, WALL, PLOT (the tail-plot binary), PLOTS (where the SVGs go, default OUT;
+bench/tail.sh sets bench/results/tail); a load's rate is read from its reports.
 """
 import json
 import os
@@ -171,7 +172,9 @@ build = open(os.path.join(out, "build.txt")).read().splitlines() if os.path.exis
 commit = (build[0] if build else "") or "?"
 dirty = len(build) > 1 and build[1].strip()
 wall = int(os.environ.get("WALL", "0"))
-rel = os.path.relpath(out, os.path.dirname(md) or ".")
+plots_dir = os.environ.get("PLOTS") or out  # the SVGs: next to MD (bench/results/tail), not in OUT
+os.makedirs(plots_dir, exist_ok=True)
+rel = os.path.relpath(plots_dir, os.path.dirname(md) or ".")
 
 L = []
 w = L.append
@@ -293,7 +296,7 @@ for l in loads:
         for name, spec in specs.items():
             tmp = os.path.join(out, "." + name + ".json")
             json.dump(spec, open(tmp, "w"))
-            subprocess.run([plot, tmp, os.path.join(out, name)], check=True)
+            subprocess.run([plot, tmp, os.path.join(plots_dir, name)], check=True)
             os.remove(tmp)
 
 w("Config files: " + "; ".join(

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Every same-run comparison with smg cache_aware in one table (issue 12's bar).
 
-Usage: bench/tail_scorecard.py [--seeds] [--load L] DIR [DIR ...] > scorecard.md
+Usage: bench/tail_scorecard.py [--seeds] [--load L] [DIR ...] > scorecard.md
 
-Each DIR is the OUT directory of one `bench/tail.sh` run (`<load>/s<seed>/<config>/report.json`,
+Without DIR it reads every run under target/bench/ (the directories `target/bench/tail*/`
+that hold a `command.txt`, oldest first): where `bench/tail.sh` writes its runs by default
+(OUT=target/bench/tail; give each run its own OUT, e.g. OUT=target/bench/tail-1536-a, to keep
+several). Each DIR is the OUT directory of one `bench/tail.sh` run (`<load>/s<seed>/<config>/report.json`,
 `build.txt`, `command.txt`). For every tokengate config that ran next to `smg-cache-aware`, per
 load: in how many seeds it beat smg on TTFT p50, p90, p99 (lower) and on the engine-reported
 cached ratio (higher), in which seeds on all four at once, and whether that is at least three
@@ -116,7 +119,11 @@ if __name__ == "__main__":
         ONLY_LOAD = args[i + 1]
         del args[i:i + 2]
     if not args:
-        sys.exit(__doc__)
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "bench")
+        found = [d for d in glob.glob(os.path.join(root, "tail*")) if os.path.isfile(os.path.join(d, "command.txt"))]
+        args = [os.path.relpath(d) for d in sorted(found, key=os.path.getmtime)]
+        if not args:
+            sys.exit(__doc__ + "\nno run under target/bench/tail*/ (run bench/tail.sh first)")
     main(args)
     if seeds:
         per_seed(args)

@@ -17,10 +17,13 @@ pub struct Admin {
     pub shared: Arc<Shared>,
 }
 
+/// An answer of the admin API: never stored by a browser or a proxy (it carries the load
+/// table, the metrics, the page's data).
 fn resp(status: u16, ctype: &str, body: Vec<u8>) -> http::Response<Vec<u8>> {
     http::Response::builder()
         .status(status)
         .header("content-type", ctype)
+        .header("cache-control", "no-store")
         .header("content-length", body.len())
         .body(body)
         .expect("valid response")
@@ -121,7 +124,13 @@ impl ServeHttp for Admin {
         }
         let path = req.uri.path();
         if let Some((ctype, body)) = crate::status::asset(path) {
-            return resp(200, ctype, body.as_bytes().to_vec());
+            // Code, no data: cacheable.
+            return http::Response::builder()
+                .status(200)
+                .header("content-type", ctype)
+                .header("content-length", body.len())
+                .body(body.as_bytes().to_vec())
+                .expect("valid response");
         }
         if path != "/health" {
             if let Some(token) = self.shared.runtime.load().admin_token.as_deref() {
@@ -134,15 +143,19 @@ impl ServeHttp for Admin {
                             .then(|| v[7..].trim_ascii())
                     });
                 let cookie = crate::status::cookie_token(&req.headers);
-                // `/?token=…` (the page opened by hand): keep the token in a cookie and
-                // take it out of the address bar.
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                // `/?token=…` (the page opened by hand): open a session in a cookie (an
+                // HMAC of the token with an expiry, never the token) and take the token
+                // out of the address bar.
                 if path == "/" {
                     if let Some(t) = crate::status::query_param(req.uri.query(), "token") {
                         if ct_eq(&t, token) {
                             return http::Response::builder()
                                 .status(303)
                                 .header("location", "./")
-                                .header("set-cookie", crate::status::set_cookie(token))
+                                .header("set-cookie", crate::status::set_cookie(token, now))
                                 .header("cache-control", "no-store")
                                 .header("content-length", 0)
                                 .body(Vec::new())
@@ -151,7 +164,7 @@ impl ServeHttp for Admin {
                     }
                 }
                 let ok = presented.is_some_and(|p| ct_eq(p, token))
-                    || cookie.is_some_and(|c| ct_eq(&c, token));
+                    || cookie.is_some_and(|c| crate::status::session_ok(&c, token, now));
                 if !ok && path == "/" {
                     return resp(
                         401,

@@ -392,6 +392,8 @@ pub struct Runtime {
     pub health_check: crate::config::HealthCheckSettings,
     pub passive: crate::config::PassiveHealthSettings,
     pub maintenance_interval: std::time::Duration,
+    /// The config file watcher's settings (`reload:`).
+    pub reload: crate::config::ReloadSettings,
     /// Services that scrape their engines' metrics: (service, settings).
     pub engine_metrics: Vec<(Arc<Service>, crate::config::EngineMetricsSettings)>,
     /// The predicted-TTFT model: what every instance's completed requests taught it (kept
@@ -816,6 +818,7 @@ impl Runtime {
                 cfg.prefix_index.memory_limit_bytes,
             ),
             maintenance_interval: cfg.prefix_index.maintenance_interval,
+            reload: cfg.reload.clone(),
             health_check: cfg.health_check.clone(),
             passive: cfg.passive_health.clone(),
             engine_metrics,

@@ -230,3 +230,133 @@ async fn reload_applies_session_sizes_ttls_and_the_maintenance_interval() {
         "{log}"
     );
 }
+
+/// Status of a one-token chat request, with or without a key.
+async fn status_with(gw: &GatewayProc, key: Option<&str>) -> u16 {
+    let mut r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .body(chat_body("m", 1, false));
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let r = r.send().await.unwrap();
+    let s = r.status().as_u16();
+    r.bytes().await.unwrap();
+    s
+}
+
+/// A file rewritten in place is applied only once it has settled: a writer that truncates
+/// the file, writes the part before `api_keys` (which parses and validates on its own) and
+/// pauses never has that half served; the completed file applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_written_file_is_never_applied() {
+    use std::io::Write;
+    let fleet = sims(1, "m", "e", 1.0).await;
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    instances:\n      - {{id: e1, addr: \"{}\"}}\napi_keys: [\"sk-one\"]\n",
+        fleet[0].addr
+    ));
+    let cfg_path = gw.config_path();
+    let full = std::fs::read_to_string(&cfg_path).unwrap();
+    let half = full.split("api_keys:").next().unwrap().to_string();
+    assert_eq!(status_with(&gw, None).await, 401);
+    assert_eq!(status_with(&gw, Some("sk-one")).await, 200);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&cfg_path)
+        .unwrap();
+    f.write_all(half.as_bytes()).unwrap();
+    f.flush().unwrap();
+    // The writer pauses 1.2 s; a client without a key keeps asking meanwhile.
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(1200);
+    while std::time::Instant::now() < until {
+        assert_eq!(
+            status_with(&gw, None).await,
+            401,
+            "served without a key while the config file was half written"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await; // ok-sleep: the writer's pause, not a wait for a server
+    }
+    // The rest of the file, with a second key so that the reload shows.
+    f.write_all(b"api_keys: [\"sk-one\", \"sk-two\"]\n")
+        .unwrap();
+    drop(f);
+    eventually("the completed file to apply", || async {
+        status_with(&gw, Some("sk-two")).await == 200
+    })
+    .await;
+    assert_eq!(status_with(&gw, None).await, 401);
+    let log = gw.log_text();
+    assert_eq!(log.matches("config reloaded from").count(), 1, "{log}");
+    assert!(!log.contains("`api_keys` removed"), "{log}");
+}
+
+/// A file replaced whole (written elsewhere, then renamed over the config: editors' atomic
+/// saves, Kubernetes' symlink swaps) is complete when it appears and applies without the
+/// debounce; a reload that removes authentication says so in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_file_applies_at_once_and_removing_keys_warns() {
+    let fleet = sims(1, "m", "e", 1.0).await;
+    let services = format!(
+        "services:\n  - name: m\n    instances:\n      - {{id: e1, addr: \"{}\"}}\n",
+        fleet[0].addr
+    );
+    // A debounce this long would hold an in-place change past the test's deadline.
+    let gw = GatewayProc::start(&format!(
+        "reload: {{debounce: 10m}}\napi_keys: [\"sk-one\"]\n{services}"
+    ));
+    let cfg_path = gw.config_path();
+    assert_eq!(status_with(&gw, None).await, 401);
+    let header = std::fs::read_to_string(&cfg_path)
+        .unwrap()
+        .split("reload:")
+        .next()
+        .unwrap()
+        .to_string();
+    let tmp = cfg_path.with_extension("yaml.new");
+    std::fs::write(
+        &tmp,
+        format!("{header}reload: {{debounce: 10m}}\n{services}"),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, &cfg_path).unwrap();
+    eventually("the renamed file to apply", || async {
+        status_with(&gw, None).await == 200
+    })
+    .await;
+    eventually("the warning", || async {
+        gw.log_text().contains(
+            "config reload: `api_keys` removed: the proxy now accepts requests without a key",
+        )
+    })
+    .await;
+}
+
+/// `reload: {watch: false}`: a changed file waits for SIGHUP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_watcher_only_sighup_reloads() {
+    let fleet = sims(1, "m", "e", 1.0).await;
+    let services = format!(
+        "services:\n  - name: m\n    instances:\n      - {{id: e1, addr: \"{}\"}}\n",
+        fleet[0].addr
+    );
+    let gw = GatewayProc::start(&format!(
+        "reload: {{watch: false, debounce: 0s}}\n{services}"
+    ));
+    let cfg_path = gw.config_path();
+    let text = std::fs::read_to_string(&cfg_path).unwrap();
+    assert_eq!(status_with(&gw, None).await, 200);
+    std::fs::write(&cfg_path, format!("{text}api_keys: [\"sk-one\"]\n")).unwrap();
+    // The watcher would have applied it within two checks (0.5 s); give it four times that.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await; // ok-sleep: a negative check, nothing is awaited
+    assert_eq!(status_with(&gw, None).await, 200, "applied without SIGHUP");
+    std::process::Command::new("kill")
+        .args(["-HUP", &gw.child.id().to_string()])
+        .status()
+        .unwrap();
+    eventually("SIGHUP to apply the file", || async {
+        status_with(&gw, None).await == 401
+    })
+    .await;
+}

@@ -54,9 +54,33 @@ async fn status_json_and_the_page_behind_the_admin_token() {
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
         "{cookie}"
     );
+    // The cookie is a session (an expiry and an HMAC keyed by the token), never the token.
+    assert!(!cookie.contains("s3cret"), "{cookie}");
+    assert!(cookie.contains("Max-Age=43200"), "{cookie}");
     let pair = cookie.split(';').next().unwrap().to_string();
     let page = get("/").header("cookie", &pair).send().await.unwrap();
     assert_eq!(page.status(), 200);
+    // Neither the raw token as a cookie nor a session whose expiry was moved is accepted.
+    let (exp, mac) = pair.split_once('=').unwrap().1.split_once('.').unwrap();
+    let later = exp.parse::<u64>().unwrap() + 1;
+    for forged in [
+        "tokengate_admin=s3cret%3B%20tok".to_string(),
+        format!("tokengate_admin={later}.{mac}"),
+    ] {
+        let r = get("/admin/status")
+            .header("cookie", &forged)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{forged}");
+    }
+    // Admin answers are not stored by browsers or proxies.
+    let r = get("/admin/status")
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["cache-control"], "no-store");
     assert!(page.headers()["content-type"]
         .to_str()
         .unwrap()

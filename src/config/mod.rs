@@ -23,6 +23,7 @@ mod mirror;
 mod pd;
 mod policy;
 mod prefix_index;
+mod reload;
 mod routes;
 mod scheduler;
 mod secret;
@@ -40,6 +41,7 @@ pub use mirror::MirrorSettings;
 pub use pd::{PdMode, PdSettings};
 pub use policy::{KeySource, PluginSettings, PolicySettings, UnboundSessions};
 pub use prefix_index::{CostModelSettings, PrefixIndexSettings};
+pub use reload::ReloadSettings;
 pub use routes::{RouteBy, RouteConfig, Routing, TargetConfig};
 pub use scheduler::{
     AffinitySettings, LeastCachedSettings, PrefixSettings, SchedulerConfig,
@@ -87,6 +89,9 @@ pub struct Config {
     /// On SIGTERM: stop accepting, then wait this long for in-flight requests.
     #[serde(default = "d_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Hot reload of this file: watching it, and how long a change must settle first.
+    #[serde(default)]
+    pub reload: ReloadSettings,
     #[serde(default)]
     pub routing: Routing,
     #[serde(default)]
@@ -245,6 +250,7 @@ impl Config {
         if self.threads == Some(0) {
             errs.push("threads: must be at least 1".into());
         }
+        self.reload.validate(errs);
         if self.max_body_bytes == 0 {
             errs.push("max_body_bytes: must be greater than 0".into());
         }

@@ -103,19 +103,6 @@ fn percent_decode(s: &str) -> Vec<u8> {
     out
 }
 
-/// Percent-encodes everything but unreserved characters (a cookie value).
-fn percent_encode(b: &[u8]) -> String {
-    let mut s = String::with_capacity(b.len());
-    for &c in b {
-        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'~') {
-            s.push(c as char);
-        } else {
-            s.push_str(&format!("%{c:02X}"));
-        }
-    }
-    s
-}
-
 /// The decoded value of `name` in a query string.
 pub fn query_param(query: Option<&str>, name: &str) -> Option<Vec<u8>> {
     query?
@@ -137,12 +124,45 @@ pub fn cookie_token(headers: &http::HeaderMap) -> Option<Vec<u8>> {
         .map(|(_, v)| percent_decode(v))
 }
 
-/// `Set-Cookie` value that stores the admin token for the page.
-pub fn set_cookie(token: &[u8]) -> String {
+/// How long the page's session cookie lasts.
+pub const SESSION_SECS: u64 = 12 * 3600;
+
+/// The session proof for `token` expiring at `expires` (Unix seconds): an HMAC-SHA256
+/// keyed by the admin token, so the cookie never holds the token, a forged or altered one
+/// is refused, and changing the token ends every session.
+fn session_mac(token: &[u8], expires: u64) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token);
+    let tag = ring::hmac::sign(
+        &key,
+        format!("tokengate-admin-session:{expires}").as_bytes(),
+    );
+    tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `Set-Cookie` value of a page session opened at `now` (Unix seconds): `<expiry>.<mac>`,
+/// `HttpOnly`, `SameSite=Strict`, `Max-Age` [`SESSION_SECS`].
+pub fn set_cookie(token: &[u8], now: u64) -> String {
+    let expires = now + SESSION_SECS;
     format!(
-        "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
-        percent_encode(token)
+        "{COOKIE}={expires}.{}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_SECS}",
+        session_mac(token, expires)
     )
+}
+
+/// Whether a cookie value is a live session for `token` at `now` (Unix seconds).
+pub fn session_ok(cookie: &[u8], token: &[u8], now: u64) -> bool {
+    let Some((exp, mac)) = std::str::from_utf8(cookie)
+        .ok()
+        .and_then(|c| c.split_once('.'))
+    else {
+        return false;
+    };
+    let Ok(expires) = exp.parse::<u64>() else {
+        return false;
+    };
+    expires > now
+        && expires <= now + SESSION_SECS
+        && crate::request::admit::ct_eq(mac.as_bytes(), session_mac(token, expires).as_bytes())
 }
 
 fn ratio(num: u64, den: u64) -> Option<f64> {
@@ -601,6 +621,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn page_sessions_expire_and_belong_to_their_token() {
+        let now = 1_000_000;
+        let c = set_cookie(b"tok", now);
+        let v = c.split(';').next().unwrap().split_once('=').unwrap().1;
+        assert!(session_ok(v.as_bytes(), b"tok", now));
+        assert!(session_ok(v.as_bytes(), b"tok", now + SESSION_SECS - 1));
+        assert!(
+            !session_ok(v.as_bytes(), b"tok", now + SESSION_SECS),
+            "expired"
+        );
+        assert!(!session_ok(v.as_bytes(), b"other", now), "another token");
+        assert!(!session_ok(b"tok", b"tok", now), "the raw token");
+        assert!(!session_ok(b"", b"tok", now));
+    }
+
+    #[test]
     fn query_and_cookie_tokens_are_decoded() {
         assert_eq!(
             query_param(Some("a=1&token=s%20e+c%3Br"), "token").as_deref(),
@@ -608,8 +644,6 @@ mod tests {
         );
         assert_eq!(query_param(Some("tokenx=1"), "token"), None);
         assert_eq!(query_param(None, "token"), None);
-        let c = set_cookie(b"p@ss;w rd");
-        assert!(c.starts_with("tokengate_admin=p%40ss%3Bw%20rd;"), "{c}");
         let mut h = http::HeaderMap::new();
         h.insert(
             http::header::COOKIE,
