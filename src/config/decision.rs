@@ -1,10 +1,10 @@
 //! `providers:` and a route's `decision:`: the chat models the decision service asks.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::time::Duration;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionSettings {
     /// A provider name from `providers`.
@@ -21,13 +21,13 @@ pub struct DecisionSettings {
 }
 
 /// An OpenAI-compatible chat model endpoint.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     pub name: String,
     /// Base URL up to `/v1`, e.g. `http://127.0.0.1:8000/v1`.
     pub base_url: String,
-    #[serde(default)]
+    #[serde(default, serialize_with = "super::secret::masked")]
     pub api_key: Option<String>,
     /// The model routes ask by default, e.g. `jev-latest` (a route's `decision.model`
     /// overrides it).

@@ -1,11 +1,11 @@
 //! `global:`: member gateways in other regions that take the requests this one cannot.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
 /// Global scheduling: when local instances cannot take a request (throttling would reject
 /// it, the queue is full, no instance is available), it is forwarded to a member gateway.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GlobalSettings {
     /// This gateway's name, sent in the `x-tokengate-hop` header of forwarded requests.
@@ -30,7 +30,7 @@ fn d_gateway_name() -> String {
 }
 
 /// Another region's gateway.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemberConfig {
     pub name: String,
@@ -39,7 +39,7 @@ pub struct MemberConfig {
     pub url: String,
     /// The API key it accepts from this gateway (sent as `Authorization: Bearer`; never
     /// logged).
-    #[serde(default)]
+    #[serde(default, serialize_with = "super::secret::masked")]
     pub token: Option<String>,
 }
 

@@ -1,10 +1,10 @@
 //! `health_check:` (active probes) and `passive_health:` (ejection and retries).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Active health checks: `GET path` on every instance every `interval`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheckSettings {
     #[serde(default = "yes")]
@@ -39,7 +39,7 @@ impl Default for HealthCheckSettings {
 /// Passive health: how the outcome of real requests acts on instances. `max_failures`
 /// consecutive failed requests (connect failure, 5xx, timeout, died mid-response) eject an
 /// instance for `eject_for` (0 disables ejection).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PassiveHealthSettings {
     #[serde(default = "d_max_failures")]

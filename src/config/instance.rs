@@ -1,10 +1,10 @@
 //! `services[].instances[]`: one engine's address, key, role and cache size.
 
 use super::secret::Secret;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct InstanceConfig {
     /// Unique id, shown in `x-tokengate-instance`, metrics and logs.
@@ -34,7 +34,7 @@ pub struct InstanceConfig {
 }
 
 /// An instance's part in a prefill/decode-disaggregated service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum InstanceRole {
     Prefill,

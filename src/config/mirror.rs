@@ -1,11 +1,11 @@
 //! `mirror:`: traffic mirroring.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Traffic mirroring (`mirror:`): a share of planned requests is copied, asynchronously, to
 /// another OpenAI-compatible endpoint; its answers are measured and thrown away. See
 /// [`crate::mirror`].
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MirrorSettings {
     /// Base URL (`http://` or `https://`); the client's path is appended.
@@ -17,7 +17,7 @@ pub struct MirrorSettings {
     #[serde(default = "d_mirror_ratio")]
     pub ratio: f64,
     /// Sent to the target as `Authorization: Bearer` (never logged, never in `/admin`).
-    #[serde(default)]
+    #[serde(default, serialize_with = "super::secret::masked")]
     pub auth_token: Option<String>,
     /// Longest a mirrored request may take, from its send to its last response byte.
     #[serde(default = "d_mirror_timeout_ms")]

@@ -10,7 +10,7 @@
 //! validation; this file holds the root [`Config`], loading, and [`Config::validate`], which
 //! calls each feature's checks in the order of the file.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -58,7 +58,7 @@ pub use timeouts::Timeouts;
 /// Default `max_body_bytes`: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Addresses the proxy listens on (OpenAI / Anthropic APIs). `127.0.0.1:0` picks a free port.
@@ -72,10 +72,10 @@ pub struct Config {
     pub threads: Option<usize>,
     /// Bearer token the admin listener requires for `/metrics` and `/admin/*` (`/health`
     /// stays open for probes). Absent: the admin listener is open (keep it on loopback).
-    #[serde(default)]
+    #[serde(default, serialize_with = "secret::masked")]
     pub admin_token: Option<String>,
     /// Bearer keys clients must present. Empty: the gateway is open.
-    #[serde(default)]
+    #[serde(default, serialize_with = "secret::masked_all")]
     pub api_keys: Vec<String>,
     /// Largest request body accepted (bytes); larger requests get 413.
     #[serde(default = "default_max_body")]
@@ -178,6 +178,13 @@ impl Config {
         })?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The effective config as YAML: every default filled in, every credential
+    /// [`secret::MASK`] (`tokengate check --print`). The output is itself a valid config.
+    pub fn to_yaml(&self) -> String {
+        serde_yaml_ng::to_string(self)
+            .unwrap_or_else(|e| format!("# the config cannot be printed: {e}\n"))
     }
 
     /// Semantic checks; collects every error.

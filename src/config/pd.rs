@@ -1,11 +1,11 @@
 //! `services[].pd:`: prefill/decode disaggregation, and the instances' roles.
 
 use super::instance::{InstanceConfig, InstanceRole};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokengate_plugins::LbPolicy;
 
 /// Prefill/decode disaggregation of a service (see [`crate::request::pd`]).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PdSettings {
     /// The engines' KV hand-over protocol.
@@ -21,7 +21,7 @@ fn d_decode_policy() -> LbPolicy {
 }
 
 /// The KV hand-over protocol of a prefill/decode-disaggregated service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PdMode {
     /// SGLang with Mooncake: `bootstrap_host` / `bootstrap_port` / `bootstrap_room` in the

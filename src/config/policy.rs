@@ -1,13 +1,13 @@
 //! Policy scheduling (`scheduler: {mode: policy}` of a service, `policy:` of a route): the
 //! plugins, their weights and where the session key comes from.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// The plugins' parameters live with their logic in `tokengate-plugins` (one file each).
 pub use tokengate_plugins::{PluginSettings, UnboundSessions};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicySettings {
     /// Scoring plugins and their weights.
@@ -51,6 +51,17 @@ impl KeySource {
             _ => Err(format!(
                 "{s:?} is not header:NAME, body:prompt_cache_key, body:user or body:metadata.user_id"
             )),
+        }
+    }
+}
+
+impl Serialize for KeySource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            KeySource::Header(h) => s.serialize_str(&format!("header:{h}")),
+            KeySource::PromptCacheKey => s.serialize_str("body:prompt_cache_key"),
+            KeySource::User => s.serialize_str("body:user"),
+            KeySource::MetadataUserId => s.serialize_str("body:metadata.user_id"),
         }
     }
 }

@@ -1,11 +1,11 @@
 //! `prefix_index:` (which instance holds which prompt prefix) and `cost_model:` (the
 //! predicted-TTFT model's priors).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Settings of the prefix index (shared by layered and policy schedulers).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrefixIndexSettings {
     /// Tokens per block; match the engines' KV block size (vLLM default 16).
@@ -44,7 +44,7 @@ impl Default for PrefixIndexSettings {
 }
 
 /// Settings of the predicted-TTFT model: what it assumes before it has learned an instance.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostModelSettings {
     /// Prefill rate assumed before any is learned, uncached prompt tokens per second (an

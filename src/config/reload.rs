@@ -1,11 +1,11 @@
 //! `reload:`: hot reload of the config file.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Hot reload (see [`crate::reload`]). SIGHUP always reloads; these settings govern the
 /// file watcher.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReloadSettings {
     /// Reload when the file changes (checked four times a second). `false`: SIGHUP only.

@@ -6,11 +6,11 @@ use super::decision::{DecisionSettings, ProviderConfig};
 use super::policy::validate_policy;
 use super::policy::{PluginSettings, PolicySettings};
 use super::services::ServiceConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
 /// A model name that spreads over several services.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// The `model` clients send, e.g. `qwen3`.
@@ -29,7 +29,7 @@ pub struct RouteConfig {
 }
 
 /// How a route spreads over its targets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RouteBy {
     RoundRobin,
@@ -47,7 +47,7 @@ impl RouteBy {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TargetConfig {
     /// A service name.
@@ -61,7 +61,7 @@ pub struct TargetConfig {
 }
 
 /// How a request's `model` is matched to a service.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Routing {
     /// `true`: a model that matches no service is a 404. `false`: it goes to `default_model`.

@@ -3,7 +3,7 @@
 
 use super::policy::{d_max_entries, d_session_ttl, validate_policy};
 use super::policy::{PluginSettings, PolicySettings};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokengate_plugins::AffinityMode;
 
@@ -34,7 +34,7 @@ pub const DEFAULT_PREFIX_WAITING_THRESHOLD: u64 = 2;
 pub const DEFAULT_PREFIX_MIN_HIT: f64 = 0.1;
 
 /// How instances of one service are chosen. Absent: the service's `load_balancing` alone.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "mode", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum SchedulerConfig {
     /// Session affinity → prefix cache → load balancing; the first layer that matches routes.
@@ -55,7 +55,7 @@ pub enum SchedulerConfig {
     Policy(PolicySettings),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AffinitySettings {
     /// `false` turns the layer off (it is on by default in layered mode).
@@ -109,7 +109,7 @@ impl Default for AffinitySettings {
 /// exceeds `DEFAULT_PREFIX_LOAD_TOLERANCE` / `DEFAULT_PREFIX_WAITING_THRESHOLD`; with
 /// `ttft_tolerance` / `ttft_slack` set, while its predicted TTFT stays within them of the best
 /// candidate's; with `load_tolerance` or `waiting_threshold` set, the seed's fixed limits.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrefixSettings {
     /// `false` turns the layer off.
@@ -148,7 +148,7 @@ impl Default for PrefixSettings {
 }
 
 /// The least-cached layer (`scheduler.least_cached`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeastCachedSettings {
     /// `false` turns the layer off (requests no earlier layer placed go to load balancing).

@@ -1,6 +1,6 @@
 //! Credentials in the config.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 /// A credential from the config: never printed (its `Debug` is `***`), never in errors,
 /// logs, metrics or `/admin`.
@@ -30,4 +30,24 @@ impl Secret {
         v.set_sensitive(true);
         Some(v)
     }
+}
+
+/// What a printed config shows for every credential (`tokengate check --print`); a valid key,
+/// so the printed config is itself a valid config.
+pub(super) const MASK: &str = "***";
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(MASK)
+    }
+}
+
+/// `serialize_with` of a credential kept as a plain string: [`MASK`] when set.
+pub(super) fn masked<S: Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    v.as_ref().map(|_| MASK).serialize(s)
+}
+
+/// `serialize_with` of a list of credentials: one [`MASK`] each.
+pub(super) fn masked_all<S: Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|_| MASK))
 }

@@ -6,12 +6,12 @@ use super::scheduler::SchedulerConfig;
 use super::secret::Secret;
 use super::throttling::ThrottlingSettings;
 use crate::tls::TlsSettings;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::time::Duration;
 use tokengate_plugins::LbPolicy;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceConfig {
     /// The model name clients send (`"model": "qwen3-32b"`).
@@ -46,7 +46,7 @@ pub struct ServiceConfig {
 
 /// `GET path` on every instance of the service every `interval`: running and queued
 /// requests and KV usage, shown in `/admin/instances` and read by the predicted-TTFT model.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineMetricsSettings {
     #[serde(default = "d_em_interval", with = "humantime_serde")]

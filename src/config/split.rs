@@ -2,11 +2,11 @@
 
 use super::secret::Secret;
 use crate::tls::TlsSettings;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
 /// Split proxy (`split:`). See [`crate::split`].
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SplitSettings {
     #[serde(default)]
@@ -16,7 +16,7 @@ pub struct SplitSettings {
 }
 
 /// How a request's entry is chosen.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SplitStrategy {
     /// By weight over the enabled entries (smooth weighted round-robin: exact shares).
@@ -28,7 +28,7 @@ pub enum SplitStrategy {
 }
 
 /// Whether an entry takes part in failover.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SplitFailover {
     /// When it fails before the first response byte the request moves on to the next
@@ -39,7 +39,7 @@ pub enum SplitFailover {
 }
 
 /// One entry of `split.proxies`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SplitProxy {
     /// Our own services (model routing and scheduling as without a split).

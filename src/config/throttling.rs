@@ -1,10 +1,10 @@
 //! `services[].throttling:`: slot limits and what happens beyond them.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Request throttling (see [`crate::throttle`]).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ThrottlingSettings {
     /// `reject` (429 at once) or `queue` (FIFO, up to `max_queue`, for `queue_timeout`).

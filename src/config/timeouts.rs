@@ -1,10 +1,10 @@
 //! `timeouts:`: upstream and client-body timeouts.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Upstream timeouts (humantime strings: `500ms`, `2s`, `10m`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Timeouts {
     /// TCP connect to an engine.
