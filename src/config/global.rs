@@ -3,6 +3,8 @@
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
+pub use crate::upstream::EndpointUrl;
+
 /// Global scheduling: when local instances cannot take a request (throttling would reject
 /// it, the queue is full, no instance is available), it is forwarded to a member gateway.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -36,7 +38,7 @@ pub struct MemberConfig {
     pub name: String,
     /// Its proxy listener, e.g. `http://gw.eu-west.internal:8080` (a name or an IP; https
     /// with certificate checks).
-    pub url: String,
+    pub url: EndpointUrl,
     /// The API key it accepts from this gateway (sent as `Authorization: Bearer`; never
     /// logged).
     #[serde(default, serialize_with = "super::secret::masked")]
@@ -58,7 +60,7 @@ impl GlobalSettings {
             } else if !members.insert(m.name.as_str()) {
                 errs.push(format!("{p}.name: duplicate member {:?}", m.name));
             }
-            if let Err(e) = crate::upstream::parse_url(&m.url) {
+            if let Err(e) = m.url.parts() {
                 errs.push(format!("{p}.url: {e}"));
             }
             if let Some(t) = &m.token {

@@ -1,5 +1,6 @@
 //! `mirror:`: traffic mirroring.
 
+use crate::upstream::EndpointUrl;
 use serde::{Deserialize, Serialize};
 
 /// Traffic mirroring (`mirror:`): a share of planned requests is copied, asynchronously, to
@@ -9,7 +10,7 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct MirrorSettings {
     /// Base URL (`http://` or `https://`); the client's path is appended.
-    pub target: String,
+    pub target: EndpointUrl,
     /// Blank: the mirrored body keeps its `model`; else the body's `model` is replaced.
     #[serde(default)]
     pub target_model: String,
@@ -37,7 +38,7 @@ fn d_mirror_timeout_ms() -> u64 {
 impl MirrorSettings {
     pub(super) fn validate(&self, errs: &mut Vec<String>) {
         let m = self;
-        if let Err(e) = crate::upstream::parse_url(&m.target) {
+        if let Err(e) = m.target.parts() {
             errs.push(format!("mirror.target: {e}"));
         }
         if !(m.ratio.is_finite() && (0.0..=100.0).contains(&m.ratio)) {

@@ -34,7 +34,7 @@ mod timeouts;
 
 pub use crate::tls::TlsSettings;
 pub use decision::{DecisionSettings, ProviderConfig};
-pub use global::{GlobalSettings, MemberConfig};
+pub use global::{EndpointUrl, GlobalSettings, MemberConfig};
 pub use health::{HealthCheckSettings, PassiveHealthSettings};
 pub use instance::{InstanceConfig, InstanceRole};
 pub use mirror::MirrorSettings;

@@ -2,6 +2,7 @@
 
 use super::secret::Secret;
 use crate::tls::TlsSettings;
+use crate::upstream::EndpointUrl;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
@@ -53,7 +54,7 @@ pub struct SplitProxy {
     /// Base URL in the OpenAI SDK's convention (ends in `/v1`); the client's path after
     /// `/v1` is appended.
     #[serde(default)]
-    pub address: Option<String>,
+    pub address: Option<EndpointUrl>,
     /// Replaces the request's `model`; blank keeps it.
     #[serde(default)]
     pub model: String,
@@ -128,12 +129,12 @@ impl SplitSettings {
                         }
                     }
                 }
-                match e.address.as_deref() {
+                match e.address.as_ref() {
                     None => errs.push(format!(
                         "{p}.address: required (a base URL such as https://api.example.com/v1)"
                     )),
                     Some(a) => {
-                        if let Err(err) = crate::upstream::parse_url(a) {
+                        if let Err(err) = a.parts() {
                             errs.push(format!("{p}.address: {err}"));
                         }
                     }
