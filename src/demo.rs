@@ -55,7 +55,7 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
                 bootstrap_port: i.bootstrap_port,
                 ..engine_sim::SimConfig::default()
             };
-            let addr = i.addr.clone();
+            let addr = i.addr.as_str().to_string();
             let h = rt
                 .block_on(async move {
                     let l = tokio::net::TcpListener::bind(&addr).await?;
@@ -63,7 +63,7 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
                 })
                 .with_context(|| format!("starting engine-sim {} on {}", i.id, i.addr))?;
             // An address with port 0 got a free port: route to where the engine really is.
-            i.addr = h.addr.to_string();
+            i.addr = h.addr.to_string().into();
             handles.push(h);
         }
     }

@@ -1,6 +1,7 @@
 //! `services[].instances[]`: one engine's address, key, role and cache size.
 
 use super::secret::Secret;
+pub use crate::resolve::InstanceAddr;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 
@@ -11,7 +12,7 @@ pub struct InstanceConfig {
     pub id: String,
     /// The engine's HTTP server: `ip:port`, or `host:port` resolved at load (see
     /// [`crate::resolve`]).
-    pub addr: String,
+    pub addr: InstanceAddr,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// `prefill` or `decode` in a prefill/decode-disaggregated service (`services[].pd`).
@@ -69,7 +70,7 @@ impl InstanceConfig {
             inst.id
         ));
         }
-        if let Err(e) = crate::resolve::target(&inst.addr) {
+        if let Err(e) = inst.addr.target() {
             errs.push(format!("{p}.addr: {e}"));
         }
         if let Some(k) = &inst.api_key {

@@ -36,7 +36,7 @@ pub use crate::tls::TlsSettings;
 pub use decision::{DecisionSettings, ProviderConfig};
 pub use global::{EndpointUrl, GlobalSettings, MemberConfig};
 pub use health::{HealthCheckSettings, PassiveHealthSettings};
-pub use instance::{InstanceConfig, InstanceRole};
+pub use instance::{InstanceAddr, InstanceConfig, InstanceRole};
 pub use mirror::MirrorSettings;
 pub use pd::{PdMode, PdSettings};
 pub use policy::{KeySource, PluginSettings, PolicySettings, UnboundSessions};
