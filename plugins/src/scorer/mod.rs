@@ -19,14 +19,7 @@ use crate::cost::CostModel;
 use crate::pipeline::Completion;
 use crate::session::SessionTable;
 
-mod decision_service;
-mod least_cached;
-mod least_inflight;
-mod least_token;
-mod predicted_ttft;
-mod prefix_cache;
-mod session_affinity;
-
+// The built-in plugins' types, by name (a new plugin needs no line here).
 pub use decision_service::DecisionServiceParams;
 pub use least_cached::{LeastCachedParams, LeastCachedScorer};
 pub use least_inflight::{LeastInflightParams, LeastInflightScorer};
@@ -100,17 +93,20 @@ pub trait PluginParams {
     fn build(&self, ctx: &mut BuildCtx<'_>) -> Plugin;
 }
 
-/// The plugin kinds: `Variant(Params) = "kind"`, one line per plugin, in the order error
-/// messages list them.
+/// The plugin kinds, one line per plugin in the order error messages list them:
+/// `file::Params => Variant = "kind"` declares the module `file` (this directory's `file.rs`)
+/// and the `PluginSettings` variant of its parameters.
 macro_rules! registry {
-    ($($variant:ident($params:ty) = $kind:literal,)*) => {
+    ($($module:ident::$params:ident => $variant:ident = $kind:literal,)*) => {
+        $(pub mod $module;)*
+
         /// A policy plugin: `kind` names it, the other keys are its own parameters.
         #[derive(Debug, Clone, Deserialize, Serialize)]
         #[serde(tag = "kind")]
         pub enum PluginSettings {
             $(
                 #[serde(rename = $kind)]
-                $variant($params),
+                $variant($module::$params),
             )*
         }
 
@@ -132,13 +128,13 @@ macro_rules! registry {
 }
 
 registry! {
-    SessionAffinity(SessionAffinityParams) = "session-affinity",
-    LeastInflight(LeastInflightParams) = "least-inflight",
-    LeastToken(LeastTokenParams) = "least-token",
-    PredictedTtft(PredictedTtftParams) = "predicted-ttft",
-    LeastCached(LeastCachedParams) = "least-cached",
-    PrefixCache(PrefixCacheParams) = "prefix-cache",
-    DecisionService(DecisionServiceParams) = "decision-service",
+    session_affinity::SessionAffinityParams => SessionAffinity = "session-affinity",
+    least_inflight::LeastInflightParams => LeastInflight = "least-inflight",
+    least_token::LeastTokenParams => LeastToken = "least-token",
+    predicted_ttft::PredictedTtftParams => PredictedTtft = "predicted-ttft",
+    least_cached::LeastCachedParams => LeastCached = "least-cached",
+    prefix_cache::PrefixCacheParams => PrefixCache = "prefix-cache",
+    decision_service::DecisionServiceParams => DecisionService = "decision-service",
 }
 
 impl PluginSettings {
