@@ -5,11 +5,12 @@
 //! the gateway, and prints ready-to-paste requests. Ctrl-C stops everything. An instance
 //! address with port 0 gets a free port (used by the tests).
 
-use crate::config::{Config, InstanceRole, PdMode};
+use crate::config::{Config, InstanceConfig, InstanceRole, PdMode, ServiceConfig};
 use crate::server;
 use anyhow::Context;
+use std::collections::HashMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The built-in demo config (conf/demo.yaml).
 pub const DEMO_YAML: &str = include_str!("../conf/demo.yaml");
@@ -33,37 +34,15 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
         .build()
         .context("engine-sim runtime")?;
     let mut handles = Vec::new();
+    // Where each instance's engine really is (an address with port 0 got a free one).
+    let mut running: HashMap<(String, String), String> = HashMap::new();
     for s in &mut cfg.services {
-        // A disaggregated service's instances play their part in its protocol.
-        let pd_mode = s.pd.as_ref().map(|p| match p.mode {
-            PdMode::SglangMooncake => engine_sim::PdMode::Sglang,
-            PdMode::VllmNixl => engine_sim::PdMode::Vllm,
-        });
+        let snapshot = s.clone();
         for i in &mut s.instances {
-            let role = match i.role {
-                None => engine_sim::Role::Integrated,
-                Some(InstanceRole::Prefill) => engine_sim::Role::Prefill,
-                Some(InstanceRole::Decode) => engine_sim::Role::Decode,
-            };
-            let sim = engine_sim::SimConfig {
-                id: i.id.clone(),
-                model: s.name.clone(),
-                time_scale: opts.time_scale,
-                role,
-                pd_mode: pd_mode.unwrap_or_default(),
-                // An SGLang prefill serves its bootstrap endpoints on the configured port.
-                bootstrap_port: i.bootstrap_port,
-                ..engine_sim::SimConfig::default()
-            };
-            let addr = i.addr.as_str().to_string();
-            let h = rt
-                .block_on(async move {
-                    let l = tokio::net::TcpListener::bind(&addr).await?;
-                    engine_sim::start(sim, l).await
-                })
-                .with_context(|| format!("starting engine-sim {} on {}", i.id, i.addr))?;
-            // An address with port 0 got a free port: route to where the engine really is.
+            let h = start_engine(rt.handle(), &snapshot, i, opts.time_scale)?;
+            // Route to where the engine really is.
             i.addr = h.addr.to_string().into();
+            running.insert((s.name.clone(), i.id.clone()), i.addr.to_string());
             handles.push(h);
         }
     }
@@ -108,8 +87,35 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
             })
             .with_context(|| format!("starting decision engine-sim {} on {hostport}", p.name))?;
         p.base_url = format!("http://{}/v1", h.addr);
+        running.insert((PROVIDER.into(), p.name.clone()), p.base_url.clone());
         handles.push(h);
     }
+    // `-c FILE`: the gateway reloads a copy of the file with the engines' real addresses,
+    // rewritten whenever the file changes (new instances get engines of their own).
+    let reloads = match config {
+        Some(p) => {
+            let copy = copy_path(p);
+            write_copy(
+                p,
+                &copy,
+                &mut running,
+                rt.handle(),
+                opts.time_scale,
+                &mut handles,
+            )
+            .context("writing the demo's copy of the config")?;
+            let source = crate::reload::ReloadSource::new(copy.clone());
+            let watched = p.to_path_buf();
+            let handle = rt.handle().clone();
+            let time_scale = opts.time_scale;
+            std::thread::Builder::new()
+                .name("demo-watch".into())
+                .spawn(move || watch(watched, copy, running, handle, time_scale))
+                .context("starting the config watcher")?;
+            Some(source)
+        }
+        None => None,
+    };
     let listeners = server::Listeners::bind(&cfg)?;
     let proxy = listeners
         .proxy_addrs()
@@ -158,23 +164,34 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
         writeln!(out, "tokengate: proxy listening on http://{proxy}")?;
         writeln!(out, "tokengate: admin listening on http://{admin}")?;
         writeln!(out)?;
+        // The key is not printed (it may come from a secret): the commands read it from
+        // $TOKENGATE_KEY.
+        let auth = if cfg.api_keys.is_empty() {
+            String::new()
+        } else {
+            writeln!(
+                out,
+                "The config requires an API key: export TOKENGATE_KEY=<one of its api_keys> first."
+            )?;
+            " -H \"Authorization: Bearer $TOKENGATE_KEY\"".to_string()
+        };
         writeln!(out, "Try:")?;
         writeln!(
             out,
-            "  curl -s http://{proxy}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+            "  curl -s http://{proxy}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
         )?;
         writeln!(
             out,
-            "  curl -sN http://{proxy}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+            "  curl -sN http://{proxy}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
         )?;
         if let Some(r) = cfg.routes.first() {
             writeln!(
                 out,
-                "  curl -s http://{proxy}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Write a one-line greeting card.\"}}]}}'",
+                "  curl -s http://{proxy}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Write a one-line greeting card.\"}}]}}'",
                 r.name
             )?;
         }
-        writeln!(out, "  curl -s http://{proxy}/v1/models")?;
+        writeln!(out, "  curl -s http://{proxy}/v1/models{auth}")?;
         writeln!(out, "  curl -s http://{admin}/admin/instances")?;
         writeln!(out, "  curl -s http://{admin}/metrics")?;
         writeln!(out, "Ctrl-C stops the demo.")?;
@@ -182,5 +199,184 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
     }
     // Keep the engines' runtime alive for the life of the process.
     let _keep = (rt, handles);
-    server::run(cfg, listeners, None)
+    server::run(cfg, listeners, reloads)
+}
+
+/// The key of a provider's decision engine in the running table.
+const PROVIDER: &str = "\u{0}provider";
+
+/// Where the demo keeps its copy of `config`: `.NAME.demo.yaml` beside it (gone with its
+/// directory, overwritten by the next demo), or in the temp directory when that directory
+/// is not writable.
+fn copy_path(config: &Path) -> PathBuf {
+    let name = config
+        .file_name()
+        .map_or("config".into(), |n| n.to_string_lossy().to_string());
+    let dir = config
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let beside = dir.join(format!(".{name}.demo.yaml"));
+    let writable = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&beside)
+        .is_ok();
+    if writable {
+        beside
+    } else {
+        std::env::temp_dir().join(format!("tokengate-demo-{}.yaml", std::process::id()))
+    }
+}
+
+/// Starts the engine-sim of one instance of `s` on its address.
+fn start_engine(
+    rt: &tokio::runtime::Handle,
+    s: &ServiceConfig,
+    i: &InstanceConfig,
+    time_scale: f64,
+) -> anyhow::Result<engine_sim::SimHandle> {
+    // A disaggregated service's instances play their part in its protocol.
+    let pd_mode = s.pd.as_ref().map(|p| match p.mode {
+        PdMode::SglangMooncake => engine_sim::PdMode::Sglang,
+        PdMode::VllmNixl => engine_sim::PdMode::Vllm,
+    });
+    let role = match i.role {
+        None => engine_sim::Role::Integrated,
+        Some(InstanceRole::Prefill) => engine_sim::Role::Prefill,
+        Some(InstanceRole::Decode) => engine_sim::Role::Decode,
+    };
+    let sim = engine_sim::SimConfig {
+        id: i.id.clone(),
+        model: s.name.clone(),
+        time_scale,
+        role,
+        pd_mode: pd_mode.unwrap_or_default(),
+        // An SGLang prefill serves its bootstrap endpoints on the configured port.
+        bootstrap_port: i.bootstrap_port,
+        ..engine_sim::SimConfig::default()
+    };
+    let addr = i.addr.as_str().to_string();
+    rt.block_on(async move {
+        let l = tokio::net::TcpListener::bind(&addr).await?;
+        engine_sim::start(sim, l).await
+    })
+    .with_context(|| format!("starting engine-sim {} on {}", i.id, i.addr))
+}
+
+/// Writes `copy`: the config at `path` with every instance's (and decision provider's)
+/// address replaced by where its engine runs; an instance without an engine gets one.
+fn write_copy(
+    path: &Path,
+    copy: &Path,
+    running: &mut HashMap<(String, String), String>,
+    rt: &tokio::runtime::Handle,
+    time_scale: f64,
+    handles: &mut Vec<engine_sim::SimHandle>,
+) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut doc: serde_yaml_ng::Value = match serde_yaml_ng::from_str(&text) {
+        Ok(v) => v,
+        // Not YAML: copied as it is, for the reload to report.
+        Err(_) => return Ok(std::fs::write(copy, text)?),
+    };
+    // New instances need engines: start them from the parsed config (a bad file starts none).
+    if let Ok(cfg) = Config::load(path) {
+        for s in &cfg.services {
+            for i in &s.instances {
+                let key = (s.name.clone(), i.id.clone());
+                if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(key) {
+                    match start_engine(rt, s, i, time_scale) {
+                        Ok(h) => {
+                            log::info!("demo: started engine-sim {} on {}", i.id, h.addr);
+                            slot.insert(h.addr.to_string());
+                            handles.push(h);
+                        }
+                        Err(e) => log::warn!("demo: {e:#}"),
+                    }
+                }
+            }
+        }
+    }
+    let field =
+        |m: &serde_yaml_ng::Value, k: &str| m.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    if let Some(services) = doc.get_mut("services").and_then(|v| v.as_sequence_mut()) {
+        for s in services {
+            let Some(name) = field(s, "name") else {
+                continue;
+            };
+            let Some(insts) = s.get_mut("instances").and_then(|v| v.as_sequence_mut()) else {
+                continue;
+            };
+            for i in insts {
+                let Some(id) = field(i, "id") else { continue };
+                if let (Some(addr), Some(m)) =
+                    (running.get(&(name.clone(), id)), i.as_mapping_mut())
+                {
+                    m.insert("addr".into(), addr.clone().into());
+                }
+            }
+        }
+    }
+    if let Some(providers) = doc.get_mut("providers").and_then(|v| v.as_sequence_mut()) {
+        for p in providers {
+            let Some(name) = field(p, "name") else {
+                continue;
+            };
+            if let (Some(url), Some(m)) = (
+                running.get(&(PROVIDER.to_string(), name)),
+                p.as_mapping_mut(),
+            ) {
+                m.insert("base_url".into(), url.clone().into());
+            }
+        }
+    }
+    // Written whole, then moved into place: the reload never reads half a file.
+    // Only this user may read it (the file may hold keys).
+    let tmp = copy.with_extension("yaml.tmp");
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(serde_yaml_ng::to_string(&doc)?.as_bytes())?;
+    }
+    std::fs::rename(&tmp, copy)?;
+    Ok(())
+}
+
+/// Rewrites the copy whenever the config file changes (checked twice a second, as the
+/// gateway checks the copy), for the rest of the process.
+fn watch(
+    path: PathBuf,
+    copy: PathBuf,
+    mut running: HashMap<(String, String), String>,
+    rt: tokio::runtime::Handle,
+    time_scale: f64,
+) {
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut handles = Vec::new();
+    let mut last = stamp(&path);
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let now = stamp(&path);
+        if now.is_none() || now == last {
+            continue;
+        }
+        last = now;
+        if let Err(e) = write_copy(&path, &copy, &mut running, &rt, time_scale, &mut handles) {
+            log::warn!(
+                "demo: {} changed but cannot be reloaded: {e:#}",
+                path.display()
+            );
+        }
+    }
 }

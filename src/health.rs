@@ -1,11 +1,14 @@
 //! Instance health: active HTTP checks and passive ejection.
 //!
-//! * **Active**: every `health_check.interval` each instance gets `GET path`; `fall`
-//!   consecutive failures (error, timeout or non-2xx) mark it unhealthy, `rise` consecutive
-//!   successes healthy again.
+//! * **Active**: every `health_check.interval` (2 s) each instance gets `GET path`; `fall`
+//!   consecutive failures (timeout or non-2xx) mark it unhealthy, and so does a single
+//!   check whose connection fails (refused: nothing listens, the engine is gone), so a
+//!   killed engine leaves within one interval; `rise` consecutive successes make it healthy
+//!   again.
 //! * **Passive**: `passive.max_failures` consecutive failed requests (connect error, timeout,
-//!   5xx, dying mid-response) eject the instance for `passive.eject_for`; it is re-admitted
-//!   when that backoff ends (the next failure ejects it again).
+//!   5xx, dying mid-response) eject the instance for `passive.eject_for`; when that backoff
+//!   ends it is re-admitted only after a health check succeeds (with active checks off, at
+//!   once), so a dead engine is not handed requests again just because time passed.
 //!
 //! An instance that is unhealthy or ejected leaves the candidate set at once (the pipelines'
 //! `Available` filter); when no instance of a destination is available the request gets a
@@ -29,6 +32,8 @@ pub struct Health {
     /// The instance's host name resolves (false: it stopped resolving; unavailable until
     /// it does again).
     resolved: AtomicBool,
+    /// Ejected, and not back until a health check passes after the ejection ends.
+    awaiting_probe: AtomicBool,
 }
 
 impl Default for Health {
@@ -41,6 +46,7 @@ impl Default for Health {
             ejected_until: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
             resolved: AtomicBool::new(true),
+            awaiting_probe: AtomicBool::new(false),
         }
     }
 }
@@ -55,6 +61,8 @@ pub struct HealthView {
     pub consecutive_failures: u32,
     /// Its host name resolves (always true for an IP address).
     pub resolved: bool,
+    /// Ejected: back only once a health check passes after the ejection.
+    pub awaiting_probe: bool,
 }
 
 impl Health {
@@ -63,6 +71,18 @@ impl Health {
         self.healthy.load(Relaxed)
             && now_ms >= self.ejected_until.load(Relaxed)
             && self.resolved.load(Relaxed)
+            && !self.awaiting_probe.load(Relaxed)
+    }
+
+    /// A health check passed at `now_ms`: an ejection that has run its time ends.
+    /// Returns whether that re-admitted the instance.
+    pub fn probe_passed(&self, now_ms: u64) -> bool {
+        now_ms >= self.ejected_until.load(Relaxed) && self.awaiting_probe.swap(false, Relaxed)
+    }
+
+    /// Active checks are off: ejections end with their time alone.
+    pub fn no_probes(&self) {
+        self.awaiting_probe.store(false, Relaxed);
     }
 
     /// Whether the instance's host name resolves; returns whether that changed.
@@ -79,11 +99,13 @@ impl Health {
             ejections: self.ejections.load(Relaxed),
             consecutive_failures: self.request_failures.load(Relaxed),
             resolved: self.resolved.load(Relaxed),
+            awaiting_probe: self.awaiting_probe.load(Relaxed),
         }
     }
 
-    /// An active check's result. Returns the new state when it changed.
-    pub fn on_check(&self, ok: bool, rise: u32, fall: u32) -> Option<bool> {
+    /// An active check's result (`refused`: its connection failed). Returns the new state
+    /// when it changed.
+    pub fn on_check(&self, ok: bool, refused: bool, rise: u32, fall: u32) -> Option<bool> {
         if ok {
             self.check_failures.store(0, Relaxed);
             let n = self.check_successes.fetch_add(1, Relaxed) + 1;
@@ -93,7 +115,7 @@ impl Health {
         } else {
             self.check_successes.store(0, Relaxed);
             let n = self.check_failures.fetch_add(1, Relaxed) + 1;
-            if n >= fall && self.healthy.swap(false, Relaxed) {
+            if (n >= fall || refused) && self.healthy.swap(false, Relaxed) {
                 return Some(false);
             }
         }
@@ -110,6 +132,7 @@ impl Health {
         if max_failures > 0 && n >= max_failures {
             self.request_failures.store(0, Relaxed);
             self.ejected_until.store(now_ms + eject_ms, Relaxed);
+            self.awaiting_probe.store(true, Relaxed);
             self.ejections.fetch_add(1, Relaxed);
             return true;
         }
@@ -125,16 +148,19 @@ mod tests {
     fn active_checks_need_rise_and_fall_in_a_row() {
         let h = Health::default();
         assert!(h.available(0));
-        assert_eq!(h.on_check(false, 2, 3), None);
-        assert_eq!(h.on_check(false, 2, 3), None);
-        assert_eq!(h.on_check(true, 2, 3), None); // streak broken
-        assert_eq!(h.on_check(false, 2, 3), None);
-        assert_eq!(h.on_check(false, 2, 3), None);
-        assert_eq!(h.on_check(false, 2, 3), Some(false));
+        assert_eq!(h.on_check(false, false, 2, 3), None);
+        assert_eq!(h.on_check(false, false, 2, 3), None);
+        assert_eq!(h.on_check(true, false, 2, 3), None); // streak broken
+        assert_eq!(h.on_check(false, false, 2, 3), None);
+        assert_eq!(h.on_check(false, false, 2, 3), None);
+        assert_eq!(h.on_check(false, false, 2, 3), Some(false));
         assert!(!h.available(0));
-        assert_eq!(h.on_check(true, 2, 3), None);
-        assert_eq!(h.on_check(true, 2, 3), Some(true));
+        assert_eq!(h.on_check(true, false, 2, 3), None);
+        assert_eq!(h.on_check(true, false, 2, 3), Some(true));
         assert!(h.available(0));
+        // A refused connection: nothing listens; out at the first check.
+        assert_eq!(h.on_check(false, true, 2, 3), Some(false));
+        assert!(!h.available(0));
     }
 
     #[test]
@@ -147,7 +173,17 @@ mod tests {
         assert!(h.on_request(true, 3, 1000, 10));
         assert!(!h.available(500));
         assert!(h.view(500).ejected);
-        assert!(h.available(1010));
-        assert_eq!(h.view(1010).ejections, 1);
+        // A check that passes during the ejection does not end it early.
+        assert!(!h.probe_passed(500));
+        // Its time is over, but no check has passed since: still out.
+        assert!(!h.available(1010));
+        assert!(h.view(1010).awaiting_probe);
+        assert!(h.probe_passed(1020));
+        assert!(h.available(1020));
+        assert_eq!(h.view(1020).ejections, 1);
+        // Without active checks, the time alone ends an ejection.
+        assert!(h.on_request(true, 1, 1000, 2000));
+        h.no_probes();
+        assert!(h.available(3000));
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`tls`], [`transport`], [`resolve`], [`upstream`], [`config`], [`decision`], [`mirror`], [`split`] |
+//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`logging`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`tls`], [`transport`], [`resolve`], [`upstream`], [`config_source`], [`config_report`], [`config`], [`decision`], [`mirror`], [`split`] |
 //! | state | [`pipelines`] (config → pipelines), [`runtime`] (services, routes, instances), [`shared`] |
 //! | one request | [`request`] (admit → plan → dispatch → complete), [`bigbody`], [`proxy`] (Pingora hooks) |
 //! | around requests | [`background`] (health checks, maintenance), [`reload`], [`status`] (the live status page; [`status::recent`] is a leaf the request path writes to), [`admin`] |
@@ -19,12 +19,17 @@ pub mod background;
 pub mod bigbody;
 pub mod clock;
 pub mod config;
+pub mod config_report;
+pub mod config_source;
 pub mod decision;
+/// Needs the `sim` cargo feature (default on): it starts engine-sims.
+#[cfg(feature = "sim")]
 pub mod demo;
 pub mod engine_metrics;
 pub mod error;
 pub mod health;
 pub mod load;
+pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod mirror;

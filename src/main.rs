@@ -5,16 +5,38 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tokengate::config::Config;
+use tokengate::logging::LogFormat;
 use tokengate::server;
+
+/// The `--help` footer of a build without the tools (cargo features `sim`, `bench`; default on).
+const MISSING_TOOLS: Option<&str> = match (cfg!(feature = "sim"), cfg!(feature = "bench")) {
+    (true, true) => None,
+    (false, true) => Some("Not in this build: demo, engine-sim (cargo feature `sim`)."),
+    (true, false) => Some("Not in this build: bench (cargo feature `bench`)."),
+    (false, false) => {
+        Some("Not in this build: demo, engine-sim, bench (cargo features `sim`, `bench`).")
+    }
+};
+
+/// The version with the commit it was built from and the build profile.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TOKENGATE_GIT_COMMIT"),
+    ", ",
+    env!("TOKENGATE_BUILD_PROFILE"),
+    " build)"
+);
 
 /// tokengate: an LLM inference gateway on Cloudflare Pingora.
 ///
 /// It reads each request's JSON body, routes it by model to one of many inference engines
 /// (vLLM, SGLang, ...) by load, streams the answer back unbuffered, and counts tokens and
 /// time-to-first-token. Log level: the RUST_LOG environment variable (default: info; the
-/// access log is the `access` target, e.g. RUST_LOG=info,access=off).
+/// access log is the `access` target, e.g. RUST_LOG=info,access=off); one JSON object per
+/// line with TOKENGATE_LOG_FORMAT=json (or `log_format: json` in the config).
 #[derive(Parser)]
-#[command(name = "tokengate", version, about, long_about)]
+#[command(name = "tokengate", version = VERSION, about, long_about, after_help = MISSING_TOOLS)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -32,14 +54,17 @@ enum Cmd {
     /// saving the file, reloads the config (a bad file is rejected and the old one kept).
     Serve {
         /// The config file (see conf/ for commented examples).
-        #[arg(short, long, value_name = "FILE")]
+        #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: PathBuf,
     },
     /// Run the demo: 4 engine-sims (qwen3-0.6b ×2, qwen3-32b ×2) and the gateway in one
     /// process, with conf/demo.yaml built in. Prints the URLs and ready-to-paste curl commands.
+    #[cfg(feature = "sim")]
     Demo {
-        /// Use another config: one engine-sim is started on every instance address in it.
-        #[arg(short, long, value_name = "FILE")]
+        /// Use another config: one engine-sim is started on every instance address in it
+        /// (and the gateway reloads it when it changes, as `serve` does, from a copy with the
+        /// engines' real addresses kept beside it as `.NAME.demo.yaml`).
+        #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: Option<PathBuf>,
         /// Speed-up of the simulated engines' timing (1 = H100-like real time).
         #[arg(long, default_value_t = 1.0)]
@@ -47,28 +72,44 @@ enum Cmd {
     },
     /// Run engine-sim, a fake OpenAI/Anthropic-compatible inference engine with a KV prefix
     /// cache, continuous batching and fault injection (for tests and benchmarks without GPUs).
+    #[cfg(feature = "sim")]
     EngineSim {
         #[command(flatten)]
         args: Box<engine_sim::SimArgs>,
     },
     /// Benchmarks: replay a request trace (or a synthetic multi-turn workload) against any
     /// OpenAI-compatible URL and report TTFT, latency, throughput, cache hits and load spread.
+    #[cfg(feature = "bench")]
     #[command(subcommand)]
     Bench(BenchCmd),
     /// One HTTP GET: exit 0 when the answer is 2xx, else print why and exit 1. The
     /// container image's HEALTHCHECK (no curl in it).
     Probe(Box<ProbeArgs>),
     /// Validate a config file: exit 0 when valid (printing warnings about settings that have
-    /// no effect); otherwise print every error with its YAML path (e.g.
-    /// `services[1].instances[0].addr: invalid socket address`) and exit 1.
+    /// no effect); otherwise print every error (syntax, type, unknown key, semantic) with its
+    /// YAML path, its line and the fix where there is one, e.g. "services[0].sheduler: unknown
+    /// key `sheduler` — did you mean `scheduler`? (line 4)", and exit 1.
+    ///
+    /// Any string value may read an environment variable, `${VAR}` or `${VAR:-default}` (`$${`
+    /// is a literal `${`); every secret may come from a file instead: `api_keys_file` (one key
+    /// per line), `admin_token_file`, `api_key_file`, `token_file`, `auth_token_file` (a
+    /// relative path is from the working directory, as `ca_file`), read at start and at
+    /// every reload.
     Check {
         /// The config file to check.
-        #[arg(short, long, value_name = "FILE")]
+        #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: PathBuf,
         /// Print the effective config as YAML on stdout (every default filled in, every
         /// credential `***`); the summary line goes to stderr.
         #[arg(long)]
         print: bool,
+    },
+    /// Print a shell completion script, e.g. `tokengate completions bash >
+    /// /etc/bash_completion.d/tokengate` (zsh: into a directory of `$fpath` as `_tokengate`;
+    /// fish: `~/.config/fish/completions/tokengate.fish`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -82,6 +123,7 @@ struct ProbeArgs {
     timeout: std::time::Duration,
 }
 
+#[cfg(feature = "bench")]
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Open-loop replay of a Mooncake-format trace (or `--synthetic` sessions); see bench/README.md.
@@ -93,10 +135,9 @@ enum BenchCmd {
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn init_logging() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_timestamp_micros()
-        .init();
+/// The log as the environment (`TOKENGATE_LOG_FORMAT`) or else the config asks.
+fn init_logging(configured: LogFormat) {
+    tokengate::logging::init(LogFormat::from_env_or(configured));
 }
 
 fn main() -> ExitCode {
@@ -141,7 +182,9 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("{}: invalid config", config.display());
+                let n = e.0.len();
+                let s = if n == 1 { "" } else { "s" };
+                eprintln!("{}: invalid config ({n} error{s})", config.display());
                 for line in e.0 {
                     eprintln!("  {line}");
                 }
@@ -159,8 +202,24 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            // Written whole: a closed pipe (`| head`) is not a panic.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "tokengate", &mut script);
+            let _ = std::io::stdout().write_all(&script);
+            ExitCode::SUCCESS
+        }
+        #[cfg(feature = "sim")]
         Cmd::Demo { config, time_scale } => {
-            init_logging();
+            // The log format of the demo's config (its errors are reported by the demo).
+            init_logging(
+                config
+                    .as_deref()
+                    .and_then(|p| Config::load(p).ok())
+                    .map_or(LogFormat::Text, |c| c.log_format),
+            );
             match tokengate::demo::run(
                 config.as_deref(),
                 tokengate::demo::DemoOptions { time_scale },
@@ -172,8 +231,9 @@ fn main() -> ExitCode {
                 }
             }
         }
+        #[cfg(feature = "bench")]
         Cmd::Bench(BenchCmd::Replay(args)) => {
-            init_logging();
+            init_logging(LogFormat::Text);
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -192,8 +252,9 @@ fn main() -> ExitCode {
                 }
             }
         }
+        #[cfg(feature = "sim")]
         Cmd::EngineSim { args } => {
-            init_logging();
+            init_logging(LogFormat::Text);
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .enable_all()
@@ -214,9 +275,24 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Serve { config } => {
-            init_logging();
+            // JSON by the environment: from the first line on (a bad config's errors too).
+            let json_env = LogFormat::from_env_or(LogFormat::Text) == LogFormat::Json;
+            if json_env {
+                init_logging(LogFormat::Json);
+            }
             let cfg = match Config::load(&config) {
-                Ok(c) => c,
+                Ok(c) => {
+                    if !json_env {
+                        init_logging(c.log_format);
+                    }
+                    c
+                }
+                Err(e) if json_env => {
+                    for line in e.0 {
+                        log::error!("{}: invalid config: {line}", config.display());
+                    }
+                    return ExitCode::from(1);
+                }
                 Err(e) => {
                     eprintln!("{}: invalid config", config.display());
                     for line in e.0 {

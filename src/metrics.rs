@@ -61,6 +61,9 @@ pub struct Metrics {
     pub available: IntGaugeVec,
     pub ejections: IntGaugeVec,
     pub reload_ok: prometheus::IntGauge,
+    /// Connections closed by the gateway at the protocol level, by reason (`head_timeout`:
+    /// a request head not complete within `timeouts.client_head`, answered 408).
+    pub protocol_errors: IntCounterVec,
     /// Traffic mirroring: mirrored requests by outcome, their latency, the queue and the
     /// sends in flight.
     pub mirror_requests: IntCounterVec,
@@ -343,6 +346,15 @@ impl Metrics {
         )
         .expect("metric");
         reload_ok.set(1);
+        let protocol_errors = IntCounterVec::new(
+            Opts::new(
+                "tokengate_protocol_errors_total",
+                "Client connections the gateway answered at the protocol level before any request was read, by reason: head_timeout (the request head was not complete within timeouts.client_head: 408, connection closed)",
+            ),
+            &["reason"],
+        )
+        .expect("metric");
+        protocol_errors.with_label_values(&["head_timeout"]);
         // Both results exist from the start (a rate over them works before any reload).
         for r in ["ok", "error"] {
             reloads.with_label_values(&[r]);
@@ -409,6 +421,7 @@ impl Metrics {
             Box::new(available.clone()),
             Box::new(ejections.clone()),
             Box::new(reload_ok.clone()),
+            Box::new(protocol_errors.clone()),
             Box::new(mirror_requests.clone()),
             Box::new(mirror_latency.clone()),
             Box::new(mirror_queue.clone()),
@@ -450,6 +463,7 @@ impl Metrics {
             decision_latency,
             reloads,
             reload_ok,
+            protocol_errors,
             available,
             ejections,
             mirror_requests,

@@ -101,6 +101,7 @@ async fn accept_loop<A>(
     app: Arc<A>,
     mut shutdown: ShutdownWatch,
     active: Arc<Active>,
+    shared: Arc<Shared>,
 ) where
     A: ServerApp + Send + Sync + 'static,
 {
@@ -123,11 +124,18 @@ async fn accept_loop<A>(
                     let app = app.clone();
                     let shutdown = shutdown.clone();
                     let guard = ActiveGuard::new(&active);
+                    let head_limit = shared.runtime.load().timeouts.client_head;
+                    let expired = shared
+                        .metrics
+                        .protocol_errors
+                        .with_label_values(&["head_timeout"]);
                     tokio::spawn(async move {
                         let _guard = guard;
                         let stream: pingora::protocols::Stream = Box::new(
-                            crate::transport::Gathered::new(
+                            crate::transport::Gathered::with_head_deadline(
                                 pingora::protocols::l4::stream::Stream::from(sock),
+                                head_limit,
+                                expired,
                             ),
                         );
                         let mut next = app.process_new(stream, &shutdown).await;
@@ -177,6 +185,7 @@ impl BackgroundService for Acceptor {
                 self.proxy.clone(),
                 shutdown.clone(),
                 active.clone(),
+                self.shared.clone(),
             )));
         }
         tasks.push(tokio::spawn(accept_loop(
@@ -184,6 +193,7 @@ impl BackgroundService for Acceptor {
             self.admin.clone(),
             shutdown.clone(),
             Arc::new(Active::default()),
+            self.shared.clone(),
         )));
         tasks.push(tokio::spawn(crate::background::health_checks::run_checks(
             self.shared.clone(),

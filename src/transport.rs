@@ -13,6 +13,15 @@
 //! body and when it finishes a response, so the buffer never holds data a client waits for.
 //! A write that would grow the buffer past [`MAX_GATHER`] first sends what is buffered, and a
 //! write at least that large goes straight through, so memory per connection stays bounded.
+//!
+//! It also holds the **request-head deadline** (`timeouts.client_head`, 10 s): from a
+//! request's first byte, its head (request line and headers, up to the blank line) must be
+//! complete within the deadline, else the client gets `408` and the connection is closed
+//! (`tokengate_protocol_errors_total{reason="head_timeout"}`, one `access` log line). Without
+//! it a client sending one header byte a second (slowloris) holds a connection for hours
+//! while each read stays within every per-read timeout. The clock runs only while a head is
+//! being read: not between keep-alive requests (the idle timeout applies there), not while
+//! a body is uploaded (`timeouts.client_body`) or an answer streams.
 
 use async_trait::async_trait;
 use pingora::protocols::l4::stream::Stream as L4Stream;
@@ -21,6 +30,7 @@ use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
     TimingDigest, UniqueID, UniqueIDType,
 };
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -39,7 +49,45 @@ pub struct Gathered {
     buf: Vec<u8>,
     /// Bytes of `buf` already handed to the socket during a flush that returned `Pending`.
     sent: usize,
+    head: Head,
+    /// The request-head deadline, and what counts its expiry; `None`: no deadline.
+    head_limit: Option<(Duration, prometheus::IntCounter)>,
 }
+
+/// Where the connection is in reading a request head.
+#[derive(Debug)]
+enum Head {
+    /// Between requests: no clock runs.
+    Idle,
+    /// A head has begun and not ended. `nl`: the bytes since the last `\n` are all `\r`
+    /// (one more `\n` ends the head).
+    Reading {
+        deadline: Pin<Box<tokio::time::Sleep>>,
+        nl: bool,
+    },
+    /// The head is complete; a body and the answer follow.
+    Done,
+    /// The deadline passed: 408 sent, every read from now on is the end of the stream.
+    Expired,
+}
+
+/// Whether `bytes` end a request head whose earlier bytes left `nl` (see [`Head::Reading`]);
+/// updates `nl`. A head ends at an empty line (`\r\n\r\n`, or bare `\n\n` as parsers accept).
+fn head_ends(nl: &mut bool, bytes: &[u8]) -> bool {
+    let mut prev_nl = *nl;
+    let mut start = 0;
+    for p in memchr::memchr_iter(b'\n', bytes) {
+        if prev_nl && bytes[start..p].iter().all(|&b| b == b'\r') {
+            return true;
+        }
+        prev_nl = true;
+        start = p + 1;
+    }
+    *nl = prev_nl && bytes[start..].iter().all(|&b| b == b'\r');
+    false
+}
+
+const HEAD_TIMEOUT_BODY: &[u8] = br#"{"error":{"message":"the request head (request line and headers) was not complete within timeouts.client_head","type":"invalid_request_error","code":"request_timeout"}}"#;
 
 impl Gathered {
     pub fn new(inner: L4Stream) -> Self {
@@ -47,6 +95,88 @@ impl Gathered {
             inner,
             buf: Vec::new(),
             sent: 0,
+            head: Head::Idle,
+            head_limit: None,
+        }
+    }
+
+    /// With the request-head deadline `limit`; `expired` counts the connections it closes.
+    pub fn with_head_deadline(
+        inner: L4Stream,
+        limit: Duration,
+        expired: prometheus::IntCounter,
+    ) -> Self {
+        let mut g = Gathered::new(inner);
+        g.head_limit = Some((limit, expired));
+        g
+    }
+
+    /// Follows the head through bytes just read.
+    fn saw(&mut self, got: &[u8]) {
+        let Some((limit, _)) = &self.head_limit else {
+            return;
+        };
+        match &mut self.head {
+            Head::Idle => {
+                let mut nl = false;
+                self.head = if head_ends(&mut nl, got) {
+                    Head::Done
+                } else {
+                    Head::Reading {
+                        deadline: Box::pin(tokio::time::sleep(*limit)),
+                        nl,
+                    }
+                };
+            }
+            Head::Reading { nl, .. } => {
+                if head_ends(nl, got) {
+                    self.head = Head::Done;
+                }
+            }
+            Head::Done | Head::Expired => {}
+        }
+    }
+
+    /// An answer is being written: the next bytes read start a new head (an interim `1xx`,
+    /// such as `100 Continue` before the body, does not count).
+    fn answering(&mut self, data: &[u8]) {
+        if matches!(self.head, Head::Done) && !data.starts_with(b"HTTP/1.1 1") {
+            self.head = Head::Idle;
+        }
+    }
+
+    /// The head deadline passed: answer 408 (best effort, never blocking), count and log it.
+    fn expire(&mut self) {
+        self.head = Head::Expired;
+        let limit = match &self.head_limit {
+            Some((limit, counter)) => {
+                counter.inc();
+                *limit
+            }
+            None => return,
+        };
+        let peer = self
+            .inner
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().map(|a| a.to_string()))
+            .unwrap_or_else(|| "-".into());
+        log::info!(
+            target: "access",
+            "- - - model=- instance=- status=408 reason=head_timeout peer={peer} error=\"request head not complete within {limit:?}\""
+        );
+        self.buf.clear();
+        self.sent = 0;
+        self.buf.extend_from_slice(
+            format!(
+                "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                HEAD_TIMEOUT_BODY.len()
+            )
+            .as_bytes(),
+        );
+        self.buf.extend_from_slice(HEAD_TIMEOUT_BODY);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if self.poll_drain(&mut cx).is_ready() {
+            let _ = Pin::new(&mut self.inner).poll_flush(&mut cx);
         }
     }
 
@@ -75,7 +205,41 @@ impl AsyncRead for Gathered {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let this = &mut *self;
+        if this.head_limit.is_none() {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        }
+        if matches!(this.head, Head::Expired) {
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if let Head::Reading { deadline, .. } = &this.head {
+                    if deadline.is_elapsed() {
+                        buf.set_filled(before);
+                        this.expire();
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                let n = buf.filled().len();
+                if n > before {
+                    let got = buf.filled()[before..n].to_vec();
+                    this.saw(&got);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                if let Head::Reading { deadline, .. } = &mut this.head {
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        this.expire();
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Poll::Pending
+            }
+            err => err,
+        }
     }
 }
 
@@ -86,6 +250,7 @@ impl AsyncWrite for Gathered {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
+        this.answering(data);
         if this.buf.len() + data.len() > MAX_GATHER {
             ready!(this.poll_drain(cx))?;
             if data.len() >= MAX_GATHER {
@@ -103,6 +268,9 @@ impl AsyncWrite for Gathered {
     ) -> Poll<io::Result<usize>> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let this = &mut *self;
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            this.answering(first);
+        }
         if this.buf.len() + total > MAX_GATHER {
             ready!(this.poll_drain(cx))?;
             if total >= MAX_GATHER {
@@ -204,6 +372,26 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let (c, s) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
         (Gathered::new(L4Stream::from(s.unwrap().0)), c.unwrap())
+    }
+
+    #[test]
+    fn heads_end_at_the_empty_line_across_reads() {
+        let mut nl = false;
+        assert!(!head_ends(&mut nl, b"GET / HTTP/1.1\r\nhost: x\r"));
+        assert!(!nl);
+        assert!(!head_ends(&mut nl, b"\n"));
+        assert!(nl);
+        assert!(!head_ends(&mut nl, b"\r"));
+        assert!(nl);
+        assert!(head_ends(&mut nl, b"\nbody"));
+        let mut nl = false;
+        assert!(head_ends(&mut nl, b"GET / HTTP/1.1\nhost: x\n\n"));
+        let mut nl = false;
+        assert!(!head_ends(
+            &mut nl,
+            b"GET / HTTP/1.1\r\nhost: x\r\nx-a: \r\r"
+        ));
+        assert!(!nl);
     }
 
     #[tokio::test]

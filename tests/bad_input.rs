@@ -275,3 +275,96 @@ async fn a_slow_loris_upload_gets_408_within_client_body_timeout() {
     assert_eq!(m.requests.load(SeqCst), 0);
     still_serves(&gw).await;
 }
+
+/// Slowloris: a client trickling its request head one byte at a time (each read fast, the
+/// head never done) gets 408 once `timeouts.client_head` has passed since the head's first
+/// byte, the connection is closed, and it is counted and logged. Neither an idle keep-alive
+/// connection between requests nor a body uploaded slower than the head deadline (but
+/// within `client_body`) is cut by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_loris_head_gets_408_within_client_head_timeout() {
+    let (m, gw) = gateway("timeouts: {client_head: 500ms, client_body: 30s}\n").await;
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut resp = String::new();
+    let mut buf = [0u8; 4096];
+    let mut closed = false;
+    while start.elapsed() < DEADLINE {
+        if s.write_all(b"x").await.is_err() {
+            closed = true;
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                closed = true;
+                break;
+            }
+            Ok(Ok(n)) => resp.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Err(_) => {}
+        }
+    }
+    assert!(closed, "the slow head was never closed: {resp}");
+    assert_eq!(status_of(&resp), Some(408), "{resp}");
+    assert!(resp.contains("timeouts.client_head"), "{resp}");
+    assert_eq!(m.requests.load(SeqCst), 0);
+    eventually("the head timeout to be counted", || async {
+        gw.metrics()
+            .await
+            .contains("tokengate_protocol_errors_total{reason=\"head_timeout\"} 1")
+    })
+    .await;
+    assert!(gw.log_text().contains("status=408 reason=head_timeout"));
+
+    // One keep-alive connection: a request, an idle pause longer than the head deadline,
+    // a second request whose body arrives in two parts further apart than that.
+    let body = chat_body("m", 200, false);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body).await.unwrap();
+    assert_eq!(status_of(&read_answer(&mut s).await), Some(200));
+    tokio::time::sleep(Duration::from_millis(800)).await; // ok-sleep: the idle pause under test
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body[..10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await; // ok-sleep: the slow upload under test
+    s.write_all(&body[10..]).await.unwrap();
+    assert_eq!(status_of(&read_answer(&mut s).await), Some(200));
+    assert!(gw
+        .metrics()
+        .await
+        .contains("tokengate_protocol_errors_total{reason=\"head_timeout\"} 1"));
+}
+
+/// Reads one answer with a `Content-Length` body from a kept-alive connection.
+async fn read_answer(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some((h, b)) = text.split_once("\r\n\r\n") {
+            let len: usize = h
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if b.len() >= len {
+                return text;
+            }
+        }
+    }
+}

@@ -307,6 +307,10 @@ const PAGE: &[(&str, &str)] = &[
     ("tokengate_config_reloads_total", "/reload/ok"),
     ("tokengate_config_last_reload_success", "/reload/last_ok"),
     (
+        "tokengate_protocol_errors_total",
+        "/protocol_errors/head_timeout",
+    ),
+    (
         "tokengate_instance_available",
         "/instances/0/health/healthy",
     ),

@@ -517,3 +517,84 @@ async fn all_instances_down_is_a_clean_502_then_503() {
     }
     still_serves(&gw).await;
 }
+
+/// An ejection ends only after a health check passes: once `eject_for` is over, an engine
+/// that no check has seen answer since stays out (`awaiting_probe`) instead of being handed
+/// requests again because time passed; with checks every 200 ms it is back once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ejected_engine_is_back_only_after_a_check_passes() {
+    for checks in ["1h", "200ms"] {
+        let fleet = sims(2, "m", "e", 200.0).await;
+        fleet[0].update_faults(|f| f.error_rate = 1.0);
+        // `1h`: one round of checks at start, none after.
+        let gw = GatewayProc::start(&format!(
+            "health_check: {{interval: {checks}}}\npassive_health: {{max_failures: 1, eject_for: 300ms}}\nservices:\n  - name: m\n    load_balancing: round-robin\n{}",
+            sim_instances(&fleet)
+        ));
+        // e1's 503 is retried on e2 and ejects e1.
+        let mut ejected = false;
+        for _ in 0..2 {
+            let r = post(&gw, chat_body("m", 300, false)).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+            let v = gw.wait_idle().await;
+            ejected |= instance(&v, "e1")["health"]["ejections"] == 1;
+        }
+        assert!(ejected, "{:#}", gw.instances().await);
+        fleet[0].update_faults(|f| f.error_rate = 0.0);
+        eventually("the ejection time to be over", || async {
+            instance(&gw.instances().await, "e1")["health"]["ejected"] == false
+        })
+        .await;
+        if checks == "1h" {
+            let v = gw.instances().await;
+            assert_eq!(
+                instance(&v, "e1")["health"]["awaiting_probe"],
+                true,
+                "{v:#}"
+            );
+            for _ in 0..4 {
+                let r = post(&gw, chat_body("m", 300, false)).send().await.unwrap();
+                assert_eq!(r.headers()["x-tokengate-instance"], "e2");
+                r.bytes().await.unwrap();
+            }
+            let v = gw.wait_idle().await;
+            assert_eq!(instance(&v, "e1")["completed"], 0, "{v:#}");
+        } else {
+            eventually("a passing check to bring e1 back", || async {
+                let r = post(&gw, chat_body("m", 300, false)).send().await.unwrap();
+                let who = r.headers()["x-tokengate-instance"].clone();
+                r.bytes().await.unwrap();
+                who == "e1"
+            })
+            .await;
+            assert!(gw.log_text().contains("instance e1: its ejection is over"));
+        }
+    }
+}
+
+/// A stopped engine (nothing listens on its port) is marked unhealthy by the first check
+/// that cannot connect, not after `fall` (3) failed checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_engine_leaves_at_the_first_check_that_cannot_connect() {
+    let mut fleet = sims(2, "m", "e", 200.0).await;
+    let gw = GatewayProc::start(&format!(
+        "health_check: {{interval: 200ms, fall: 3}}\nservices:\n  - name: m\n{}",
+        sim_instances(&fleet)
+    ));
+    fleet.remove(0).stop().await;
+    eventually("e1 to be marked unhealthy", || async {
+        instance(&gw.instances().await, "e1")["health"]["healthy"] == false
+    })
+    .await;
+    let log = gw.log_text();
+    assert!(
+        log.contains("instance e1 is unhealthy: its check of") && log.contains("could not connect"),
+        "{log}"
+    );
+    for _ in 0..3 {
+        let r = post(&gw, chat_body("m", 300, false)).send().await.unwrap();
+        assert_eq!(r.headers()["x-tokengate-instance"], "e2");
+        r.bytes().await.unwrap();
+    }
+}

@@ -273,8 +273,10 @@ async fn a_client_that_asked_for_usage_keeps_its_usage_chunk() {
 async fn counters_return_to_zero_on_every_path() {
     let m = Mock::start().await;
     let dead = dead_addr();
+    // No active checks: one would take the dead instance out before any request (a check
+    // that cannot connect marks it unhealthy at once); this test is about requests.
     let yaml = format!(
-        "services:\n{}{}",
+        "health_check: {{enabled: false}}\nservices:\n{}{}",
         service("m", &[("up-1", m.addr)]),
         service("dead", &[("gone-1", dead)])
     );
@@ -357,8 +359,10 @@ async fn counters_return_to_zero_on_every_path() {
 async fn connect_failures_retry_on_another_instance() {
     let m = Mock::start().await;
     let dead = dead_addr();
+    // No active checks: one would take dead-1 out before any request; this test is about
+    // what requests do.
     let yaml = format!(
-        "services:\n  - name: m\n    load_balancing: round-robin\n    instances:\n      - {{id: dead-1, addr: \"{dead}\"}}\n      - {{id: up-1, addr: \"{}\"}}\n",
+        "health_check: {{enabled: false}}\nservices:\n  - name: m\n    load_balancing: round-robin\n    instances:\n      - {{id: dead-1, addr: \"{dead}\"}}\n      - {{id: up-1, addr: \"{}\"}}\n",
         m.addr
     );
     let gw = GatewayProc::start(&yaml);

@@ -35,8 +35,9 @@ async fn an_https_engine_by_name_gets_its_key_which_is_never_shown() {
     let front = tls_front(&pki, mock.addr).await;
     let sim = sims(1, "plain", "s", 100.0).await;
     let dead = dead_addr();
+    // No active checks: one would take d1 out before the request that shows its error.
     let gw = GatewayProc::start(&format!(
-        "api_keys: [sk-client]\nservices:\n  - name: m\n    api_key: {KEY}\n    tls: {{ca_file: \"{}\"}}\n    instances:\n      - {{id: tls1, addr: \"https://localhost:{}\"}}\n  - name: plain\n    instances:\n      - {{id: s1, addr: \"http://localhost:{}\", api_key: {KEY}}}\n  - name: down\n    api_key: {KEY}\n    instances:\n      - {{id: d1, addr: \"{dead}\"}}\n",
+        "api_keys: [sk-client]\nhealth_check: {{enabled: false}}\nservices:\n  - name: m\n    api_key: {KEY}\n    tls: {{ca_file: \"{}\"}}\n    instances:\n      - {{id: tls1, addr: \"https://localhost:{}\"}}\n  - name: plain\n    instances:\n      - {{id: s1, addr: \"http://localhost:{}\", api_key: {KEY}}}\n  - name: down\n    api_key: {KEY}\n    instances:\n      - {{id: d1, addr: \"{dead}\"}}\n",
         ca.display(),
         front.port(),
         sim[0].addr.port()

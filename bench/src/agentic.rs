@@ -143,9 +143,22 @@ pub struct AgenticConfig {
     pub turns: SizeRange,
     /// Session arrivals per second (Poisson).
     pub rate: f64,
-    /// Pause between an answer and the session's next turn.
+    /// Pause between an answer and the session's next turn (with `think_time_max`: the
+    /// shortest pause).
     #[serde(with = "humantime_serde")]
     pub think_time: Duration,
+    /// When set (and above `think_time`), every pause is drawn uniformly in
+    /// `think_time..=think_time_max` (people who read before they answer).
+    #[serde(default, with = "humantime_serde")]
+    pub think_time_max: Option<Duration>,
+    /// Fraction of the sessions that send the session header; the others send none, so a
+    /// router must find their prefix by content alone.
+    #[serde(default = "all_sessions")]
+    pub header_share: f64,
+}
+
+fn all_sessions() -> f64 {
+    1.0
 }
 
 impl Default for AgenticConfig {
@@ -160,6 +173,8 @@ impl Default for AgenticConfig {
             turns: SizeRange::new(2, 10),
             rate: 2.0,
             think_time: Duration::from_millis(200),
+            think_time_max: None,
+            header_share: 1.0,
         }
     }
 }
@@ -173,6 +188,10 @@ pub struct SessionPlan {
     pub one_shot: bool,
     /// Per turn: (user message tokens, output tokens).
     pub turns: Vec<(usize, usize)>,
+    /// The session sends the session header ([`AgenticConfig::header_share`]).
+    pub header: bool,
+    /// Per turn: the pause after its answer.
+    pub think: Vec<Duration>,
 }
 
 /// What a plan holds (recorded in the report).
@@ -188,6 +207,9 @@ pub struct PlanSummary {
     pub top_tenant_share: f64,
     /// Mean turns of the multi-turn sessions.
     pub mean_turns: f64,
+    /// Sessions that send the session header.
+    #[serde(default)]
+    pub header_sessions: usize,
 }
 
 /// Most sessions one plan may hold (a guard against a mistyped rate).
@@ -212,6 +234,12 @@ impl AgenticConfig {
         }
         if !(self.rate > 0.0 && self.rate.is_finite()) {
             return Err("rate must be > 0 sessions/s".into());
+        }
+        if !(0.0..=1.0).contains(&self.header_share) {
+            return Err("the session-header share must be a fraction in [0, 1]".into());
+        }
+        if self.think_time_max.is_some_and(|m| m < self.think_time) {
+            return Err("the longest think time is below the shortest".into());
         }
         Ok(())
     }
@@ -245,14 +273,38 @@ impl AgenticConfig {
                     )
                 })
                 .collect();
+            // Drawn after everything above, so that plans without these options keep the
+            // sessions they always had.
+            let header = self.header_share >= 1.0 || g.next_f64() < self.header_share;
+            let think = (0..n).map(|_| self.draw_think(&mut g)).collect();
             out.push(SessionPlan {
                 at,
                 tenant,
                 one_shot,
                 turns,
+                header,
+                think,
             });
         }
         out
+    }
+
+    /// One pause: `think_time`, or uniform up to `think_time_max`.
+    fn draw_think(&self, g: &mut SplitMix64) -> Duration {
+        match self.think_time_max {
+            Some(max) if max > self.think_time => {
+                self.think_time + (max - self.think_time).mul_f64(g.next_f64())
+            }
+            _ => self.think_time,
+        }
+    }
+
+    /// Mean pause after an answer.
+    pub fn mean_think_time(&self) -> Duration {
+        match self.think_time_max {
+            Some(max) if max > self.think_time => (self.think_time + max) / 2,
+            _ => self.think_time,
+        }
     }
 
     /// System prompt length of `tenant`.
@@ -294,6 +346,7 @@ impl AgenticConfig {
             } else {
                 *per_tenant.iter().max().unwrap_or(&0) as f64 / plan.len() as f64
             },
+            header_sessions: plan.iter().filter(|p| p.header).count(),
             mean_turns: if multi.is_empty() {
                 0.0
             } else {
@@ -399,6 +452,57 @@ mod tests {
         assert!(AgenticConfig {
             one_shot: 1.5,
             ..cfg()
+        }
+        .validate()
+        .is_err());
+    }
+
+    /// A share of the sessions without the header and a range of think times change only
+    /// those: the arrivals, tenants and turns stay the plan's.
+    #[test]
+    fn header_share_and_think_range_keep_the_plan() {
+        let base = cfg();
+        let c = AgenticConfig {
+            header_share: 0.5,
+            think_time: Duration::from_millis(100),
+            think_time_max: Some(Duration::from_millis(500)),
+            ..cfg()
+        };
+        let (a, b) = (
+            base.plan(4, Duration::from_secs(20)),
+            c.plan(4, Duration::from_secs(20)),
+        );
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(
+                (x.at, x.tenant, x.one_shot, &x.turns),
+                (y.at, y.tenant, y.one_shot, &y.turns)
+            );
+            assert!(x.header);
+            assert_eq!(x.think, vec![base.think_time; x.turns.len()]);
+            assert_eq!(y.think.len(), y.turns.len());
+            assert!(y.think.iter().all(|t| (100..=500).contains(&t.as_millis())));
+        }
+        let share = c.summary(&b).header_sessions as f64 / b.len() as f64;
+        assert!((share - 0.5).abs() < 0.06, "{share}");
+        let mean = b
+            .iter()
+            .flat_map(|p| &p.think)
+            .sum::<Duration>()
+            .as_secs_f64()
+            / b.iter().map(|p| p.think.len()).sum::<usize>() as f64;
+        assert!((mean - 0.3).abs() < 0.03, "{mean}");
+        assert_eq!(c.mean_think_time(), Duration::from_millis(300));
+        assert_eq!(base.summary(&a).header_sessions, a.len());
+        assert!(AgenticConfig {
+            header_share: 1.5,
+            ..cfg()
+        }
+        .validate()
+        .is_err());
+        assert!(AgenticConfig {
+            think_time_max: Some(Duration::from_millis(50)),
+            ..c.clone()
         }
         .validate()
         .is_err());

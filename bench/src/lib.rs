@@ -122,6 +122,13 @@ pub struct ReplayArgs {
     /// 0s, agentic 200ms]
     #[arg(long, value_parser = humantime::parse_duration)]
     pub think_time: Option<Duration>,
+    /// Agentic: draw every pause uniformly between --think-time and this (e.g. --think-time 1s
+    /// --think-time-max 5s: people reading the answer)
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub think_time_max: Option<Duration>,
+    /// Agentic: fraction of the sessions that send the session header (the others send none)
+    #[arg(long, default_value_t = 1.0)]
+    pub header_share: f64,
     /// Agentic: number of tenants, each with its own system prompt
     #[arg(long, default_value_t = 32)]
     pub tenants: usize,
@@ -231,6 +238,8 @@ impl ReplayArgs {
                 turns: self.turns.unwrap_or(d.turns),
                 rate: self.rate.unwrap_or(d.rate),
                 think_time: self.think_time.unwrap_or(d.think_time),
+                think_time_max: self.think_time_max,
+                header_share: self.header_share,
             };
             ac.validate()
                 .map_err(|e| anyhow::anyhow!("--agentic: {e}"))?;

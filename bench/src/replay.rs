@@ -142,6 +142,8 @@ struct Req {
     turn: Option<usize>,
     tenant: Option<usize>,
     session: Option<String>,
+    /// Send the session key as the session header (when the run sends one).
+    header: bool,
     scheduled: Duration,
     waited: bool,
     body: String,
@@ -213,7 +215,11 @@ impl Ctx {
             endpoint,
             body: r.body,
             max_tokens: r.max_tokens,
-            session: self.session_header.clone().zip(r.session),
+            session: if r.header {
+                self.session_header.clone().zip(r.session)
+            } else {
+                None
+            },
             api_key: self.api_key.clone(),
             timeout: self.timeout,
             keep_text: r.keep_text,
@@ -454,6 +460,7 @@ async fn dispatch_trace(
                     turn: None,
                     tenant: None,
                     session,
+                    header: true,
                     scheduled: r.at,
                     waited,
                     body,
@@ -469,14 +476,15 @@ async fn dispatch_trace(
     (scheduled, ideal)
 }
 
-/// One conversation: its key, its system prompt and, per turn, the user message and
-/// max_tokens.
+/// One conversation: its key, its system prompt and, per turn, the user message, max_tokens
+/// and the pause after the answer.
 struct SessionSpec {
     key: String,
+    /// Whether its requests carry the session header.
+    header: bool,
     tenant: Option<usize>,
     system: String,
-    turns: Vec<(String, usize)>,
-    think_time: Duration,
+    turns: Vec<(String, usize, Duration)>,
 }
 
 /// Runs one session from its arrival `at`: every turn sends the whole history plus the next
@@ -491,7 +499,7 @@ async fn run_session(
 ) {
     let mut history = History::new(spec.system);
     let mut scheduled = at;
-    for (turn, (user, max_tokens)) in spec.turns.into_iter().enumerate() {
+    for (turn, (user, max_tokens, think)) in spec.turns.into_iter().enumerate() {
         if ctx.past_deadline() {
             break;
         }
@@ -516,6 +524,7 @@ async fn run_session(
                 turn: Some(turn),
                 tenant: spec.tenant,
                 session: Some(spec.key.clone()),
+                header: spec.header,
                 scheduled,
                 waited,
                 body,
@@ -532,8 +541,8 @@ async fn run_session(
             break;
         }
         history.messages.push(("assistant", answer));
-        if !spec.think_time.is_zero() {
-            tokio::time::sleep(spec.think_time).await;
+        if !think.is_zero() {
+            tokio::time::sleep(think).await;
         }
         scheduled = ctx.t0.elapsed();
     }
@@ -583,12 +592,12 @@ fn dispatch_synthetic(
     let sc = sc.clone();
     let make = move |s: usize| SessionSpec {
         key: SynthConfig::session_id(seed, s),
+        header: true,
         tenant: None,
         system: sc.system_prompt(seed, s),
         turns: (0..sc.turns)
-            .map(|t| (sc.user_message(seed, s, t), sc.output_tokens))
+            .map(|t| (sc.user_message(seed, s, t), sc.output_tokens, sc.think_time))
             .collect(),
-        think_time: sc.think_time,
     };
     dispatch_sessions(ctx, cfg, arrivals, make, tasks)
 }
@@ -612,20 +621,22 @@ fn dispatch_agentic(
         }
     }
     let arrivals = plan.iter().map(|p| p.at).collect();
-    let think_time = ac.think_time;
     let make = move |s: usize| {
         let p = &plan[s];
         SessionSpec {
             key: AgenticConfig::session_id(seed, s),
+            header: p.header,
             tenant: Some(p.tenant),
             system: systems[p.tenant].clone(),
             turns: p
                 .turns
                 .iter()
+                .zip(&p.think)
                 .enumerate()
-                .map(|(t, &(user, output))| (AgenticConfig::user_message(seed, s, t, user), output))
+                .map(|(t, (&(user, output), &think))| {
+                    (AgenticConfig::user_message(seed, s, t, user), output, think)
+                })
                 .collect(),
-            think_time,
         }
     };
     (dispatch_sessions(ctx, cfg, arrivals, make, tasks), summary)

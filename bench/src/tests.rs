@@ -490,6 +490,7 @@ fn agentic(rate: f64) -> AgenticConfig {
         turns: SizeRange::new(2, 4),
         rate,
         think_time: Duration::ZERO,
+        ..Default::default()
     }
 }
 
@@ -629,6 +630,34 @@ fn agentic_flags_parse() {
     assert_eq!(ac.turns, SizeRange::new(3, 9));
     assert_eq!(ac.output_tokens, AgenticConfig::default().output_tokens);
     assert_eq!(ac.think_time, AgenticConfig::default().think_time);
+    assert_eq!((ac.think_time_max, ac.header_share), (None, 1.0));
+    // People who read the answer; half the sessions without the header.
+    let cli = parse(&[
+        "--agentic",
+        "--duration",
+        "5s",
+        "--think-time",
+        "1s",
+        "--think-time-max",
+        "5s",
+        "--header-share",
+        "0.5",
+    ])
+    .unwrap();
+    let Workload::Agentic(ac) = cli.args.to_config().unwrap().workload else {
+        panic!("agentic expected")
+    };
+    assert_eq!(
+        (ac.think_time, ac.think_time_max, ac.header_share),
+        (Duration::from_secs(1), Some(Duration::from_secs(5)), 0.5)
+    );
+    assert!(
+        parse(&["--agentic", "--duration", "5s", "--header-share", "2"])
+            .unwrap()
+            .args
+            .to_config()
+            .is_err()
+    );
     // No session header when asked; a duration is needed; no mixing with --synthetic.
     let cli = parse(&["--agentic", "--duration", "5s", "--no-sessions"]).unwrap();
     assert!(cli.args.to_config().unwrap().session_header.is_none());
@@ -664,4 +693,94 @@ async fn session_drain_starts_at_the_deadline() {
     let last = r.requests.iter().map(|x| x.sent_ms).fold(0.0, f64::max);
     assert!(last > 400.0, "sending stopped at {last} ms");
     assert!(r.counts.ok > 0);
+}
+
+/// A server that answers every request with `response` and records each request's
+/// `x-session-id` header (None when absent).
+async fn header_recording_server(
+    response: &'static str,
+) -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let head_end = loop {
+                    let n = s.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break p + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                let field = |name: &str| {
+                    head.lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .map(|v| v.trim().to_string())
+                };
+                let len: usize = field("content-length:")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                while buf.len() < head_end + len {
+                    let n = s.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                log.lock().unwrap().push(field("x-session-id:"));
+                let _ = s.write_all(response.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// `--header-share`: exactly the plan's header sessions send the session header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agentic_header_share_sends_the_header_from_those_sessions_only() {
+    let (url, seen) = header_recording_server(concat!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+        "data: [DONE]\n\n",
+    ))
+    .await;
+    let ac = AgenticConfig {
+        one_shot: 1.0,
+        header_share: 0.5,
+        ..agentic(100.0)
+    };
+    let mut cfg = ReplayConfig::new(vec![url], MODEL, Workload::Agentic(ac.clone()));
+    cfg.session_header = Some("x-session-id".into());
+    cfg.seed = 9;
+    cfg.duration = Some(Duration::from_millis(300));
+    cfg.request_timeout = Duration::from_secs(20);
+    let r = replay(cfg).await.expect("replay");
+    let plan = ac.plan(9, Duration::from_millis(300));
+    assert_eq!(r.counts.ok, plan.len(), "{:?}", r.errors);
+    let mut want: Vec<Option<String>> = plan
+        .iter()
+        .enumerate()
+        .map(|(s, p)| p.header.then(|| AgenticConfig::session_id(9, s)))
+        .collect();
+    let mut got = seen.lock().unwrap().clone();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    let with = want.iter().filter(|h| h.is_some()).count();
+    assert!(with > 0 && with < plan.len(), "{with} of {}", plan.len());
+    assert_eq!(r.meta.workload_params["plan"]["header_sessions"], with);
 }

@@ -310,7 +310,10 @@ impl Engine {
     pub(crate) fn new(cfg: Arc<SimConfig>) -> Arc<Self> {
         Arc::new(Engine {
             state: Mutex::new(State {
-                kv: KvCache::new(cfg.kv_blocks),
+                kv: match cfg.cache_tokens {
+                    0 => KvCache::new(cfg.kv_blocks),
+                    t => KvCache::with_cache_limit(cfg.kv_blocks, t / cfg.block_size),
+                },
                 waiting: VecDeque::new(),
                 running: Vec::new(),
                 held: HashMap::new(),

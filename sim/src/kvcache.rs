@@ -13,6 +13,9 @@
 //! * When a request does not fit even after evicting every unreferenced
 //!   block, [`KvCache::allocate`] returns `None` and the scheduler keeps the
 //!   request waiting (FCFS head-of-line blocking, like vLLM).
+//! * Optionally ([`KvCache::with_cache_limit`]) at most so many unreferenced
+//!   blocks are kept: a prefix cache smaller than the pool that running
+//!   requests draw from (the least recently used go first).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -68,6 +71,8 @@ pub struct KvCache {
     referenced: usize,
     clock: u64,
     evictions: u64,
+    /// Most unreferenced blocks kept (`None`: the pool's capacity bounds them).
+    cache_limit: Option<usize>,
 }
 
 impl KvCache {
@@ -80,6 +85,16 @@ impl KvCache {
             referenced: 0,
             clock: 0,
             evictions: 0,
+            cache_limit: None,
+        }
+    }
+
+    /// A pool of `capacity` blocks that keeps at most `limit` unreferenced
+    /// blocks (released blocks beyond it are evicted, least recently used first).
+    pub fn with_cache_limit(capacity: usize, limit: usize) -> Self {
+        KvCache {
+            cache_limit: Some(limit),
+            ..KvCache::new(capacity)
         }
     }
 
@@ -156,6 +171,13 @@ impl KvCache {
                         self.referenced -= 1;
                     }
                 }
+            }
+        }
+        if let Some(limit) = self.cache_limit {
+            while self.free_lru.len() > limit {
+                let (_, victim) = self.free_lru.pop_first().expect("over the limit");
+                self.blocks.remove(&victim);
+                self.evictions += 1;
             }
         }
     }
@@ -283,6 +305,31 @@ mod tests {
         kv.release(&e, 0);
         assert_eq!(kv.allocate(&d, 9, 0), Some(0));
         assert_eq!(kv.usage(), 1.0);
+    }
+
+    #[test]
+    fn cache_limit_bounds_unreferenced_blocks_only() {
+        let mut kv = KvCache::with_cache_limit(100, 4);
+        let a = block_hashes(&prompt(1, 64 * 3), 16);
+        let b = block_hashes(&prompt(2, 64 * 3), 16);
+        // running requests may hold more than the limit
+        kv.allocate(&a, 9, 0).unwrap();
+        kv.allocate(&b, 9, 0).unwrap();
+        assert_eq!(kv.cached_blocks(), 6);
+        kv.release(&a, 0);
+        assert_eq!((kv.cached_blocks(), kv.evictions()), (6, 0));
+        // b released: 6 unreferenced, the limit keeps 4, a's (older) go first, tail first
+        kv.release(&b, 0);
+        assert_eq!((kv.cached_blocks(), kv.evictions()), (4, 2));
+        assert_eq!(kv.match_prefix(&a), 1);
+        assert_eq!(kv.match_prefix(&b), 3);
+        // without a limit nothing is evicted
+        let mut kv = KvCache::new(100);
+        kv.allocate(&a, 9, 0).unwrap();
+        kv.allocate(&b, 9, 0).unwrap();
+        kv.release(&a, 0);
+        kv.release(&b, 0);
+        assert_eq!((kv.cached_blocks(), kv.evictions()), (6, 0));
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod kvcache;
 mod metrics;
 mod pd;
 mod server;
+mod task;
 
 use std::io;
 use std::net::SocketAddr;
@@ -123,6 +124,10 @@ pub struct SimConfig {
     pub block_size: usize,
     /// KV cache capacity in blocks.
     pub kv_blocks: usize,
+    /// Prefix cache size in tokens: at most this many tokens of blocks no running
+    /// request uses are kept (least recently used evicted first). 0: only `kv_blocks`
+    /// bounds them (the whole pool caches, as in vLLM).
+    pub cache_tokens: usize,
     /// Maximum requests in the running batch; others wait FIFO.
     pub max_running: usize,
     /// Maximum prompt + output tokens of one request (400 beyond).
@@ -174,6 +179,7 @@ impl Default for SimConfig {
             model: "sim-model".into(),
             block_size: 16,
             kv_blocks: 65536,
+            cache_tokens: 0,
             max_running: 64,
             max_model_len: 131072,
             prefill_tps: 8000.0,
@@ -245,6 +251,11 @@ pub struct SimArgs {
     /// KV-cache capacity in blocks
     #[arg(long, default_value_t = 65536)]
     pub kv_blocks: usize,
+    /// Prefix cache size in tokens: keep at most this many tokens of blocks that no
+    /// running request uses (least recently used evicted first), a cache smaller than
+    /// the KV pool. 0: the whole pool caches
+    #[arg(long, default_value_t = 0)]
+    pub cache_tokens: usize,
     /// Maximum number of requests in the running batch (the rest wait FIFO)
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
@@ -313,6 +324,7 @@ impl SimArgs {
             model: self.model,
             block_size: self.block_size,
             kv_blocks: self.kv_blocks,
+            cache_tokens: self.cache_tokens,
             max_running: self.max_running,
             max_model_len: self.max_model_len,
             prefill_tps: self.prefill_tps,
@@ -419,7 +431,7 @@ pub async fn start(cfg: SimConfig, listener: TcpListener) -> io::Result<SimHandl
     };
     let cfg = Arc::new(cfg);
     let engine = engine::Engine::new(cfg.clone());
-    let scheduler = server::AbortOnDrop(tokio::spawn(engine.clone().run()));
+    let scheduler = task::AbortOnDrop(tokio::spawn(engine.clone().run()));
     let shared = server::Shared::new(cfg, engine);
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(server::accept_loop(

@@ -777,7 +777,7 @@ async fn post(
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
                 .map_err(|e| format!("handshake {authority}: {e}"))?;
-        let conn = crate::server::AbortOnDrop(tokio::spawn(async move {
+        let conn = crate::task::AbortOnDrop(tokio::spawn(async move {
             let _ = conn.await;
         }));
         let req = Request::builder()

@@ -26,6 +26,7 @@ use crate::decision;
 use crate::engine::{Engine, Ev, Submit, Usage};
 use crate::kvcache::{block_hashes, token_count};
 use crate::pd::{self, DecodeReq, KvInfo, Plan, PrefillJob, Registry};
+use crate::task::AbortOnDrop;
 use crate::{Faults, Role, SimConfig};
 
 /// Error that makes hyper drop the connection without (the rest of) a response.
@@ -780,15 +781,6 @@ async fn serve_conn(shared: Arc<Shared>, stream: TcpStream, bootstrap_only: bool
         .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
     if let Err(e) = conn.await {
         log::debug!("engine-sim {}: connection ended: {e}", shared.cfg.id);
-    }
-}
-
-/// Aborts the wrapped task when dropped.
-pub(crate) struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

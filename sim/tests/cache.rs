@@ -109,6 +109,29 @@ async fn lru_eviction_when_full() {
 }
 
 #[tokio::test]
+async fn cache_tokens_bound_the_prefix_cache_not_the_pool() {
+    // A large pool, but idle blocks are kept for 40 blocks (640 tokens) only: one prompt
+    // of 30 full blocks stays cached, two do not.
+    let sim = sim(SimConfig {
+        kv_blocks: 1024,
+        cache_tokens: 640,
+        ..fast_cfg()
+    })
+    .await;
+    let c = client();
+    let (a, b) = (text(20, 1920), text(21, 1920));
+    assert_eq!(cached(&chat_json(&c, &sim, &a, 1).await), 0);
+    assert_eq!(cached(&chat_json(&c, &sim, &a, 1).await), 480, "a cached");
+    assert_eq!(cached(&chat_json(&c, &sim, &b, 1).await), 0);
+    assert!(sim.stats().cached_blocks <= 40);
+    assert!(sim.stats().evicted_blocks >= 20);
+    assert_eq!(cached(&chat_json(&c, &sim, &b, 1).await), 480, "b cached");
+    let a_hit = cached(&chat_json(&c, &sim, &a, 1).await);
+    assert!(a_hit < 480, "a lost its tail to b, hit {a_hit}");
+    sim.stop().await;
+}
+
+#[tokio::test]
 async fn cache_hit_cuts_prefill_time() {
     // 8000-token prompt at 8000 tok/s = 1 s of prefill (250 ms at scale 4)
     let sim = sim(SimConfig {

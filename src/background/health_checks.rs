@@ -23,17 +23,24 @@ pub async fn run_checks(shared: Arc<Shared>, mut stop: pingora::server::Shutdown
                 let i = i.clone();
                 let hc = hc.clone();
                 async move {
-                    let ok = matches!(
-                        tokio::time::timeout(hc.timeout, req.send()).await,
-                        Ok(Ok(r)) if r.status().is_success()
-                    );
-                    match i.health.on_check(ok, hc.rise, hc.fall) {
+                    let r = tokio::time::timeout(hc.timeout, req.send()).await;
+                    let ok = matches!(&r, Ok(Ok(r)) if r.status().is_success());
+                    // Nothing listens (refused, reset while connecting): the engine is gone.
+                    let refused = matches!(&r, Ok(Err(e)) if e.is_connect());
+                    match i.health.on_check(ok, refused, hc.rise, hc.fall) {
                         Some(true) => log::warn!("instance {} is healthy again ({url})", i.id),
+                        Some(false) if refused => log::warn!(
+                            "instance {} is unhealthy: its check of {url} could not connect; it gets no requests",
+                            i.id
+                        ),
                         Some(false) => log::warn!(
                             "instance {} is unhealthy: {} failed checks of {url}; it gets no requests",
                             i.id, hc.fall
                         ),
                         None => {}
+                    }
+                    if ok && i.health.probe_passed(crate::clock::now_ms()) {
+                        log::info!("instance {}: its ejection is over and {url} answers; it gets requests again", i.id);
                     }
                 }
             });
@@ -57,7 +64,7 @@ pub async fn run_checks(shared: Arc<Shared>, mut stop: pingora::server::Shutdown
                             tokio::time::timeout(hc.timeout, client.get(&url).send()).await,
                             Ok(Ok(r)) if r.status().is_success()
                         );
-                    match e.health.on_check(ok, hc.rise, hc.fall) {
+                    match e.health.on_check(ok, false, hc.rise, hc.fall) {
                         Some(true) => log::warn!("gateway {} is up again ({url})", e.name),
                         Some(false) => log::warn!(
                             "gateway {} is down: {} failed checks of {url}; no requests are forwarded to it",
@@ -68,6 +75,11 @@ pub async fn run_checks(shared: Arc<Shared>, mut stop: pingora::server::Shutdown
                 }
             });
             futures_util::future::join_all(members).await;
+        } else {
+            // No checks to end ejections: their time alone does.
+            for i in rt.ordered.iter().flat_map(|s| s.instances.iter()) {
+                i.health.no_probes();
+            }
         }
         // Split-proxy entries: names resolved again (external APIs get no health requests;
         // their failures fail over per request). A name that stops resolving keeps its last

@@ -69,7 +69,7 @@ fn d_health_path() -> String {
     "/health".into()
 }
 fn d_health_interval() -> Duration {
-    Duration::from_secs(5)
+    Duration::from_secs(2)
 }
 fn d_health_timeout() -> Duration {
     Duration::from_secs(2)

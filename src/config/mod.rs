@@ -78,7 +78,10 @@ pub struct Config {
     #[serde(default, serialize_with = "secret::masked_all")]
     pub api_keys: Vec<String>,
     /// Largest request body accepted (bytes); larger requests get 413.
-    #[serde(default = "default_max_body")]
+    #[serde(
+        default = "default_max_body",
+        deserialize_with = "crate::config_source::bytes"
+    )]
     pub max_body_bytes: usize,
     /// Active health checks of every instance.
     #[serde(default)]
@@ -92,6 +95,10 @@ pub struct Config {
     /// Hot reload of this file: watching it, and how long a change must settle first.
     #[serde(default)]
     pub reload: ReloadSettings,
+    /// Log lines as `text` (default) or `json` (one object per line; `TOKENGATE_LOG_FORMAT`
+    /// overrides). Read at start.
+    #[serde(default)]
+    pub log_format: crate::logging::LogFormat,
     #[serde(default)]
     pub routing: Routing,
     #[serde(default)]
@@ -166,18 +173,8 @@ impl Config {
 
     /// Parses and validates YAML text.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
-        let de = serde_yaml_ng::Deserializer::from_str(text);
-        let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner().to_string();
-            if path == "." || path.is_empty() {
-                ConfigErrors(vec![inner])
-            } else {
-                ConfigErrors(vec![format!("{path}: {inner}")])
-            }
-        })?;
-        cfg.validate()?;
-        Ok(cfg)
+        crate::config_report::parse(text, |c: &Config| c.validate().map_err(|e| e.0))
+            .map_err(ConfigErrors)
     }
 
     /// The effective config as YAML: every default filled in, every credential

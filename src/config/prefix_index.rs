@@ -26,7 +26,7 @@ pub struct PrefixIndexSettings {
     pub reserved_memory_gib: f64,
     /// Container memory in bytes, overriding what cgroups report (for hosts where the
     /// limit is not visible, and for tests).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::config_source::opt_bytes")]
     pub memory_limit_bytes: Option<u64>,
 }
 

@@ -23,6 +23,10 @@ pub struct Timeouts {
     /// two of its reads); a slower upload is answered 408 and the connection closed.
     #[serde(default = "d_client_body", with = "humantime_serde")]
     pub client_body: Duration,
+    /// Longest time from a request's first byte to the end of its head (request line and
+    /// headers); a slower client (slowloris) is answered 408 and the connection closed.
+    #[serde(default = "d_client_head", with = "humantime_serde")]
+    pub client_head: Duration,
 }
 
 impl Default for Timeouts {
@@ -33,6 +37,7 @@ impl Default for Timeouts {
             idle: d_idle(),
             total: d_total(),
             client_body: d_client_body(),
+            client_head: d_client_head(),
         }
     }
 }
@@ -52,6 +57,9 @@ fn d_total() -> Duration {
 fn d_client_body() -> Duration {
     Duration::from_secs(60)
 }
+fn d_client_head() -> Duration {
+    Duration::from_secs(10)
+}
 
 impl Timeouts {
     pub(super) fn validate(&self, errs: &mut Vec<String>) {
@@ -62,6 +70,7 @@ impl Timeouts {
             ("idle", t.idle),
             ("total", t.total),
             ("client_body", t.client_body),
+            ("client_head", t.client_head),
         ] {
             if d.is_zero() {
                 errs.push(format!("timeouts.{name}: must be greater than 0"));

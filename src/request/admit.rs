@@ -53,6 +53,23 @@ fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
         .map(|v| v.as_bytes().trim_ascii())
 }
 
+/// The API key check (when `api_keys` are set).
+fn authorize(req: &RequestHeader, rt: &Runtime) -> Result<(), GatewayError> {
+    if rt.api_keys.is_empty() {
+        return Ok(());
+    }
+    let presented = presented_key(req);
+    if presented.is_some_and(|k| rt.api_keys.iter().any(|c| ct_eq(k, c))) {
+        return Ok(());
+    }
+    let msg = if presented.is_some() {
+        "invalid API key"
+    } else {
+        "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
+    };
+    Err(GatewayError::Unauthorized(msg.into()))
+}
+
 /// Admits the request or answers it. `Ok(None)`: answered (a local endpoint or a refusal).
 pub async fn admit(
     session: &mut Session,
@@ -88,18 +105,9 @@ pub async fn admit(
         return Ok(None);
     }
     // Auth before anything is read.
-    if !rt.api_keys.is_empty() {
-        let presented = presented_key(session.req_header());
-        if !presented.is_some_and(|k| rt.api_keys.iter().any(|c| ct_eq(k, c))) {
-            let msg = if presented.is_some() {
-                "invalid API key"
-            } else {
-                "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
-            };
-            let e = GatewayError::Unauthorized(msg.into());
-            reject(session, ctx, e.status(), e).await?;
-            return Ok(None);
-        }
+    if let Err(e) = authorize(session.req_header(), &rt) {
+        reject(session, ctx, e.status(), e).await?;
+        return Ok(None);
     }
     let max = rt.max_body_bytes;
     if let Some(cl) = header_str(session.req_header(), "content-length") {
@@ -151,6 +159,9 @@ async fn local_endpoint(session: &mut Session, ctx: &mut Ctx, rt: &Runtime) -> R
     let method = req.method.clone();
     match (method.as_str(), path.trim_end_matches('/')) {
         ("GET", "/v1/models") => {
+            if let Err(e) = authorize(req, rt) {
+                return reject(session, ctx, e.status(), e).await.map(|_| ());
+            }
             ctx.local_status = Some(200);
             let body = serde_json::to_vec(&rt.models_json()).unwrap_or_default();
             respond(session, 200, "application/json", body, &ctx.request_id).await

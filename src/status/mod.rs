@@ -589,6 +589,9 @@ pub fn status_json(shared: &Shared) -> Value {
         "last": shared.status.last_reload(),
         "generation": *shared.generation.borrow(),
     });
+    let protocol_errors = json!({
+        "head_timeout": m.protocol_errors.with_label_values(&["head_timeout"]).get(),
+    });
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now,
@@ -611,6 +614,7 @@ pub fn status_json(shared: &Shared) -> Value {
         "split": split,
         "mirror": mirror,
         "reload": reload,
+        "protocol_errors": protocol_errors,
         "recent": recent,
         "history": shared.status.history(),
     })

@@ -2,14 +2,21 @@
 //! bounded ring), the counts and latencies of the current sampling interval, the sampled
 //! history (about 15 minutes of points) and the last config reload.
 //!
-//! [`Board::record`] runs once per request from [`crate::request::complete::finish`]: one
-//! mutex, no allocation once the ring's strings have grown to their usual size (each slot's
-//! buffers are reused), no formatting. The sampler in [`crate::status`] closes an interval
-//! every [`SAMPLE_EVERY`] and appends a [`Point`].
+//! [`Board::record`] runs once per request from [`crate::request::complete::finish`]: no
+//! lock shared by the request path. The board is [`SHARDS`] shards, each a ring of the recent
+//! requests and the interval's counts behind its own mutex; a thread records into the shard
+//! of its index (threads are numbered in the order they first record), so a gateway worker
+//! thread takes a lock no other worker takes (up to [`SHARDS`] threads; beyond, a few share
+//! one). One atomic increment orders the requests across shards. No allocation once the
+//! rings' strings have grown to their usual size (each slot's buffers are reused), no
+//! formatting. The readers (the status page, the sampler in [`crate::status`], which closes an
+//! interval every [`SAMPLE_EVERY`] and appends a [`Point`]) lock the shards one after the
+//! other and merge them.
 
 use crate::clock::now_ms;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Finished requests kept for the "recent decisions" table.
@@ -18,8 +25,19 @@ pub const RECENT: usize = 64;
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// Points kept: 180 × 5 s = 15 minutes.
 pub const HISTORY: usize = 180;
-/// Latency samples kept per interval (a uniform reservoir beyond that).
+/// Latency samples kept per interval and shard (a uniform reservoir beyond that).
 const RESERVOIR: usize = 1024;
+/// Shards of the board: the request path's locks.
+pub const SHARDS: usize = 16;
+
+/// The shard the current thread records into.
+fn my_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    SHARD.with(|s| *s)
+}
 
 /// One finished request, as [`crate::request::complete::finish`] knows it.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +106,23 @@ impl Interval {
             duration_ms: Reservoir::new(),
         }
     }
+
+    /// The shards' intervals as one.
+    fn merge(parts: Vec<Interval>) -> Interval {
+        let mut iv = Interval::new();
+        let (mut ttft, mut dur) = (Vec::new(), Vec::new());
+        for p in parts {
+            iv.requests += p.requests;
+            iv.ok += p.ok;
+            iv.client_errors += p.client_errors;
+            iv.server_errors += p.server_errors;
+            ttft.push(p.ttft_ms);
+            dur.push(p.duration_ms);
+        }
+        iv.ttft_ms = Reservoir::merge(ttft);
+        iv.duration_ms = Reservoir::merge(dur);
+        iv
+    }
 }
 
 /// A bounded uniform sample of a stream of values (reservoir sampling).
@@ -107,20 +142,51 @@ impl Reservoir {
         }
     }
 
+    /// xorshift64: cheap and good enough to pick samples.
+    fn next_random(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
     fn push(&mut self, v: f32) {
         self.seen += 1;
         if self.values.len() < RESERVOIR {
             self.values.push(v);
             return;
         }
-        // xorshift64: cheap and good enough to pick which sample to replace.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        let j = (self.rng % self.seen) as usize;
+        let j = (self.next_random() % self.seen) as usize;
         if j < RESERVOIR {
             self.values[j] = v;
         }
+    }
+
+    /// One sample of the union of the parts' streams: every value when no part dropped any;
+    /// otherwise [`RESERVOIR`] draws, each from a part picked in proportion to the values it
+    /// saw.
+    fn merge(parts: Vec<Reservoir>) -> Reservoir {
+        let mut out = Reservoir::new();
+        out.seen = parts.iter().map(|p| p.seen).sum();
+        if parts.iter().all(|p| p.seen == p.values.len() as u64) {
+            out.values = parts.into_iter().flat_map(|p| p.values).collect();
+            return out;
+        }
+        let parts: Vec<Reservoir> = parts.into_iter().filter(|p| p.seen > 0).collect();
+        for _ in 0..RESERVOIR {
+            let mut k = out.next_random() % out.seen;
+            let p = parts
+                .iter()
+                .find(|p| {
+                    let hit = k < p.seen;
+                    k = k.saturating_sub(p.seen);
+                    hit
+                })
+                .unwrap_or(&parts[0]);
+            let i = (out.next_random() % p.values.len() as u64) as usize;
+            out.values.push(p.values[i]);
+        }
+        out
     }
 
     /// The `q` quantiles (0..=1) of the sample, `None` when it is empty.
@@ -173,8 +239,10 @@ pub struct ReloadEvent {
     pub message: String,
 }
 
+/// One shard of the request path's state.
 struct Live {
-    ring: Vec<Slot>,
+    /// The shard's recent requests with their order across shards.
+    ring: Vec<(u64, Slot)>,
     /// Next slot to write.
     next: usize,
     interval: Interval,
@@ -182,7 +250,9 @@ struct Live {
 
 /// The status page's memory. Held in [`crate::shared::Shared`].
 pub struct Board {
-    live: Mutex<Live>,
+    live: [Mutex<Live>; SHARDS],
+    /// The order of the recorded requests.
+    seq: AtomicU64,
     history: Mutex<VecDeque<Point>>,
     reload: Mutex<Option<ReloadEvent>>,
     /// `now_ms` when the board was made (≈ process start).
@@ -198,11 +268,14 @@ impl Default for Board {
 impl Board {
     pub fn new() -> Board {
         Board {
-            live: Mutex::new(Live {
-                ring: Vec::with_capacity(RECENT),
-                next: 0,
-                interval: Interval::new(),
+            live: std::array::from_fn(|_| {
+                Mutex::new(Live {
+                    ring: Vec::new(),
+                    next: 0,
+                    interval: Interval::new(),
+                })
             }),
+            seq: AtomicU64::new(0),
             history: Mutex::new(VecDeque::with_capacity(HISTORY)),
             reload: Mutex::new(None),
             started_ms: now_ms(),
@@ -217,7 +290,8 @@ impl Board {
         let at_ms = now_ms();
         let dur_ms = f.duration.as_secs_f64() * 1e3;
         let ttft_ms = f.ttft.map(|t| t.as_secs_f64() * 1e3);
-        let mut live = self.live.lock();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let mut live = self.live[my_shard()].lock();
         let iv = &mut live.interval;
         iv.requests += 1;
         match f.status {
@@ -234,9 +308,10 @@ impl Board {
         let i = live.next;
         live.next = (i + 1) % RECENT;
         if live.ring.len() <= i {
-            live.ring.push(Slot::default());
+            live.ring.push((0, Slot::default()));
         }
-        let s = &mut live.ring[i];
+        let (n, s) = &mut live.ring[i];
+        *n = seq;
         s.at_ms = at_ms;
         set(&mut s.request_id, f.request_id);
         set(&mut s.model, f.model);
@@ -251,18 +326,25 @@ impl Board {
         s.cached_tokens = f.cached_tokens;
     }
 
-    /// The ring, newest first.
+    /// The last [`RECENT`] requests, newest first.
     pub fn recent(&self) -> Vec<Slot> {
-        let live = self.live.lock();
-        let n = live.ring.len();
-        (0..n)
-            .map(|k| live.ring[(live.next + n - 1 - k) % n].clone())
-            .collect()
+        let mut all: Vec<(u64, Slot)> = Vec::new();
+        for shard in &self.live {
+            all.extend(shard.lock().ring.iter().cloned());
+        }
+        all.sort_unstable_by_key(|(seq, _)| std::cmp::Reverse(*seq));
+        all.truncate(RECENT);
+        all.into_iter().map(|(_, s)| s).collect()
     }
 
     /// Closes the current interval and starts a new one.
     pub fn take_interval(&self) -> Interval {
-        std::mem::replace(&mut self.live.lock().interval, Interval::new())
+        Interval::merge(
+            self.live
+                .iter()
+                .map(|l| std::mem::replace(&mut l.lock().interval, Interval::new()))
+                .collect(),
+        )
     }
 
     /// Appends a point, dropping the oldest beyond [`HISTORY`].
@@ -296,9 +378,7 @@ impl Board {
 
 #[cfg(test)]
 mod tests {
-    // Not `super::*`: the module graph test reads that as a use of `status`, which uses
-    // `shared`, which holds this module's `Board`.
-    use crate::status::recent::*;
+    use super::*;
 
     fn fin(id: &str, status: u16, routed: bool) -> Finished<'_> {
         Finished {
@@ -345,6 +425,65 @@ mod tests {
         assert_eq!(iv.ttft_ms.quantiles([0.5]), [Some(10.0)]);
         assert_eq!(b.take_interval().requests, 0);
         assert_eq!(b.recent().len(), 3);
+    }
+
+    #[test]
+    fn threads_record_into_their_shards_and_the_readers_merge_them() {
+        let b = Board::new();
+        let per = 50;
+        let threads = SHARDS + 3;
+        std::thread::scope(|sc| {
+            for t in 0..threads {
+                let b = &b;
+                sc.spawn(move || {
+                    for i in 0..per {
+                        b.record(&fin(&format!("t{t}-{i}"), 200, true));
+                    }
+                });
+            }
+        });
+        let mut iv = b.take_interval();
+        assert_eq!(
+            (iv.requests, iv.ok),
+            ((threads * per) as u64, (threads * per) as u64)
+        );
+        assert_eq!(iv.duration_ms.quantiles([0.5]), [Some(30.0)]);
+        let r = b.recent();
+        assert_eq!(r.len(), RECENT);
+        // One more, from here: the newest.
+        b.record(&fin("last", 404, false));
+        let r = b.recent();
+        assert_eq!((r.len(), r[0].request_id.as_str()), (RECENT, "last"));
+        // Per thread, newest first.
+        for t in 0..threads {
+            let mine: Vec<usize> = r
+                .iter()
+                .filter_map(|s| s.request_id.strip_prefix(&format!("t{t}-")))
+                .map(|i| i.parse().unwrap())
+                .collect();
+            assert!(mine.windows(2).all(|w| w[0] > w[1]), "{mine:?}");
+        }
+    }
+
+    #[test]
+    fn merged_reservoirs_sample_the_union() {
+        let part = |from: u32, n: u32| {
+            let mut r = Reservoir::new();
+            for v in from..from + n {
+                r.push(v as f32);
+            }
+            r
+        };
+        // Nothing dropped: every value.
+        let mut m = Reservoir::merge(vec![part(0, 10), part(10, 10), Reservoir::new()]);
+        assert_eq!((m.seen, m.values.len()), (20, 20));
+        assert_eq!(m.quantiles([0.5]), [Some(9.0)]);
+        // 9,000 values in 0..9000 and 1,000 in 9000..10000: the median of the union is
+        // ~5,000 (the two samples put together, 1,024 + 1,000 values, would say ~8,900).
+        let mut m = Reservoir::merge(vec![part(0, 9000), part(9000, 1000)]);
+        assert_eq!((m.seen, m.values.len()), (10_000, RESERVOIR));
+        let [p50] = m.quantiles([0.5]);
+        assert!((4_000.0..6_000.0).contains(&p50.unwrap()), "{p50:?}");
     }
 
     #[test]

@@ -32,6 +32,11 @@ impl GatewayProc {
     /// Writes `yaml` (which must not set `listen` / `admin_listen`) to a temp file, adds
     /// loopback listeners on port 0, starts `tokengate serve` and waits for its listeners.
     pub(crate) fn start(yaml: &str) -> GatewayProc {
+        GatewayProc::start_with_env(yaml, &[])
+    }
+
+    /// [`GatewayProc::start`] with extra environment variables for the gateway process.
+    pub(crate) fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> GatewayProc {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = dir.path().join("tokengate.yaml");
         let full =
@@ -47,6 +52,7 @@ impl GatewayProc {
                 "RUST_LOG",
                 std::env::var("TG_TEST_LOG").unwrap_or("info".into()),
             )
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(logf))
             .spawn()

@@ -475,7 +475,8 @@ function renderBars(id, items, emptyText) {
 function renderConfig(d, wallOffset) {
   const r = d.reload;
   const st = document.getElementById("config-state");
-  const facts = [["generation", String(r.generation)], ["reloads applied", fmtInt(r.ok)], ["reloads rejected", fmtInt(r.errors)]];
+  const facts = [["generation", String(r.generation)], ["reloads applied", fmtInt(r.ok)], ["reloads rejected", fmtInt(r.errors)],
+    ["slow heads closed (408)", fmtInt(d.protocol_errors.head_timeout)]];
   if (r.last) {
     facts.push(["last reload", `${r.last.ok ? "applied" : "rejected"} at ${clock(r.last.at_ms + wallOffset)} (${fmtAgo(d.now_ms - r.last.at_ms)})`]);
   } else {

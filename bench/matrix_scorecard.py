@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""The scorecard of a bench/matrix.sh run (issue 34's bar).
+
+Usage: bench/matrix_scorecard.py OUT > scorecard.md
+
+OUT is a run's directory (target/bench/matrix/<run>): `<cell>/cell.json` and
+`<cell>/s<seed>/<config>/summary.json` (bench/matrix.py summarize). Per cell, the medians over
+the seeds of every config's TTFT p50 / p90 / p99 (requests sent after the warm-up; a failed
+or cancelled request counts as an infinite TTFT) and of the engine-reported cached ratio
+(the engines' own prefix-cache counters over the same window); then, per tokengate config,
+its medians ÷ smg cache_aware's for p50, p90, p99 and its cached ratio − smg's in points.
+
+Per config, one line: the cells won on all four (p50, p90 and p99 below smg's, cached ratio
+not below), the cells more than 10 % behind smg on p99, and issue 34's bar: in every cell
+p99 <= smg's, p50 <= 1.1 x smg's and cached >= smg's - 1 point, and p99 at least 20 % below
+smg's in half the cells or more. Capacity cells (cap-*) get a table of requests per engine
+per time bucket instead.
+"""
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+
+REF = "smg-cache-aware"
+KEYS = ("p50", "p90", "p99")
+
+
+def load(out):
+    cells = {}
+    for cj in sorted(glob.glob(os.path.join(out, "*", "cell.json"))):
+        cell_dir = os.path.dirname(cj)
+        cell = os.path.basename(cell_dir)
+        runs = {}
+        for sj in glob.glob(os.path.join(cell_dir, "s*", "*", "summary.json")):
+            parts = sj.split(os.sep)
+            seed, config = parts[-3][1:], parts[-2]
+            if not seed.isdigit():
+                continue
+            try:
+                v = json.load(open(sj))
+            except (OSError, ValueError):
+                continue
+            for k in KEYS:  # json has no infinity: summarize writes it as a string
+                if isinstance(v.get(k), str):
+                    v[k] = math.inf
+            runs.setdefault(config, {})[int(seed)] = v
+        cells[cell] = {"def": json.load(open(cj)), "runs": runs}
+    return cells
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    xs = sorted(xs)
+    n = len(xs)
+    # the middle value; with an even count the mean of the two (inf stays inf)
+    if n % 2:
+        return xs[n // 2]
+    a, b = xs[n // 2 - 1], xs[n // 2]
+    return math.inf if math.inf in (a, b) else (a + b) / 2
+
+
+def medians(seeds):
+    m = {k: median([s.get(k) for s in seeds.values()]) for k in KEYS}
+    c = median([s.get("cached") for s in seeds.values()])
+    m["cached"] = None if c is None else 100 * c
+    m["n"] = len(seeds)
+    return m
+
+
+def ms(v):
+    if v is None:
+        return "-"
+    return "∞" if v == math.inf else "{:,.0f}".format(v)
+
+
+def ratio(a, b):
+    if a is None or b is None:
+        return None
+    if a == math.inf and b == math.inf:
+        return None
+    if b == math.inf:
+        return 0.0
+    if a == math.inf:
+        return math.inf
+    return a / b if b > 0 else None
+
+
+def fr(r):
+    if r is None:
+        return "-"
+    return "∞" if r == math.inf else "%.2f" % r
+
+
+def main(out):
+    cells = load(out)
+    if not cells:
+        sys.exit("no cells with results under %s" % out)
+    cmd = open(os.path.join(out, "command.txt")).read().strip() if os.path.exists(os.path.join(out, "command.txt")) else ""
+    build = open(os.path.join(out, "build.txt")).read().split() if os.path.exists(os.path.join(out, "build.txt")) else []
+    wall = open(os.path.join(out, "wall_s.txt")).read().strip() if os.path.exists(os.path.join(out, "wall_s.txt")) else "?"
+    print("# Workload matrix scorecard: %s" % os.path.basename(os.path.normpath(out)))
+    print()
+    print("- command: `%s`" % cmd)
+    print("- build: %s%s; wall time %s s" % (build[0] if build else "?", " (with uncommitted changes)" if len(build) > 1 else "", wall))
+    print("- TTFT: ms (real time; the engines run SIM_TIME_SCALE times faster than their simulated time), medians over the seeds of each seed's percentile over the requests sent after the warm-up; a failed or cancelled request counts as ∞. Cached: the engines' own prefix-cache hits ÷ prompt tokens over the same window, %.")
+    print()
+    work = {c: v for c, v in cells.items() if not c.startswith("cap-")}
+    cap = {c: v for c, v in cells.items() if c.startswith("cap-")}
+    configs = sorted({cfg for v in work.values() for cfg in v["runs"]}, key=lambda c: (c.startswith("smg"), c))
+
+    if work:
+        print("## Cells")
+        print()
+        print("| cell | tenants | system | think | header share | one-shot | cache (share of hot set, tokens/engine) | load | engines | prefill | sessions/s | prefill tok/s per engine (sim) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for c, v in work.items():
+            d = v["def"]
+            a = d["axes"]
+            print("| %s | %s | %s | %s | %s | %s | %s (%.2f, %s) | %s | %s | %s | %.2f | %.0f |" % (
+                c, a["tenants"], a["system"], a["think"], a["header"], a["one-shot"], a["cache"], d["cache_share"],
+                "{:,}".format(d["cache_tokens"]), a["load"], a["engines"], a["prefill"], d["session_rate"], d["prefill_tps"]))
+        print()
+        print("## Every config, medians over the seeds")
+        print()
+        print("| cell | config | seeds | TTFT p50 | p90 | p99 | cached % |")
+        print("|---|---|---|---|---|---|---|")
+        for c, v in work.items():
+            for cfg in configs:
+                if cfg not in v["runs"]:
+                    continue
+                m = medians(v["runs"][cfg])
+                print("| %s | %s | %d | %s | %s | %s | %s |" % (
+                    c, cfg, m["n"], ms(m["p50"]), ms(m["p90"]), ms(m["p99"]), "-" if m["cached"] is None else "%.1f" % m["cached"]))
+        print()
+        lines = []
+        for cfg in configs:
+            if cfg == REF:
+                continue
+            print("## %s ÷ %s" % (cfg, REF))
+            print()
+            print("| cell | p50 ÷ | p90 ÷ | p99 ÷ | cached − (points) | all four | bar |")
+            print("|---|---|---|---|---|---|---|")
+            won = worse = ahead = n = 0
+            fails = []
+            for c, v in work.items():
+                if cfg not in v["runs"] or REF not in v["runs"]:
+                    continue
+                a, b = medians(v["runs"][cfg]), medians(v["runs"][REF])
+                r = {k: ratio(a[k], b[k]) for k in KEYS}
+                dc = None if a["cached"] is None or b["cached"] is None else a["cached"] - b["cached"]
+                n += 1
+                all4 = all(r[k] is not None and r[k] < 1 for k in KEYS) and dc is not None and dc >= 0
+                bar = (r["p99"] is not None and r["p99"] <= 1 and r["p50"] is not None and r["p50"] <= 1.1
+                       and dc is not None and dc >= -1)
+                won += all4
+                worse += r["p99"] is not None and r["p99"] > 1.1
+                ahead += r["p99"] is not None and r["p99"] <= 0.8
+                if not bar:
+                    fails.append(c)
+                print("| %s | %s | %s | %s | %s | %s | %s |" % (
+                    c, fr(r["p50"]), fr(r["p90"]), fr(r["p99"]), "-" if dc is None else "%+.1f" % dc,
+                    "yes" if all4 else "", "ok" if bar else "**no**"))
+            print()
+            meets = n > 0 and not fails and ahead * 2 >= n
+            lines.append("| %s | %d of %d | %d | %d of %d | %s |" % (
+                cfg, won, n, worse, ahead, n,
+                ("**yes**" if meets else "no") + ("" if not fails else " (fails in: %s)" % ", ".join(fails))
+                + ("" if ahead * 2 >= n else "; ≥ 20 % ahead on p99 in fewer than half")))
+        print("## Per config")
+        print()
+        print("| config | cells won on all four | cells > 10 % behind smg on p99 | cells ≥ 20 % ahead on p99 | issue 34's bar |")
+        print("|---|---|---|---|---|")
+        for line in lines:
+            print(line)
+        print()
+
+    if cap:
+        print("## Capacity cells")
+        print()
+        print("The engine that joined (cap-add) or came back (cap-crash): its requests ÷ the other engines' mean, per time bucket from the first bucket that starts after the event (by send time). 1.0 = its share.")
+        print()
+        print("| cell | config | seed | event | its share per bucket after it |")
+        print("|---|---|---|---|---|")
+        for c, v in cap.items():
+            for cfg in sorted(v["runs"]):
+                for seed, s in sorted(v["runs"][cfg].items()):
+                    d = os.path.join(out, c, "s%d" % seed, cfg)
+                    try:
+                        ev = json.load(open(os.path.join(d, "event.json")))
+                    except (OSError, ValueError):
+                        print("| %s | %s | %d | no event recorded | |" % (c, cfg, seed))
+                        continue
+                    pe = s.get("per_engine_per_bucket") or {}
+                    b = s.get("bucket_s", 4)
+                    first = math.ceil(ev["from_s"] / b)
+                    mine = pe.get(ev["engine"], [])
+                    others = [xs for e, xs in pe.items() if e not in (ev["engine"], "-")]
+                    shares = []
+                    for i in range(first, max((len(x) for x in pe.values()), default=0)):
+                        m = statistics.mean([xs[i] if i < len(xs) else 0 for xs in others]) if others else 0
+                        n = mine[i] if i < len(mine) else 0
+                        shares.append("%g-%g s: %s" % (i * b, (i + 1) * b, "%.2f" % (n / m) if m else "-"))
+                    print("| %s | %s | %d | %s from %g s | %s |" % (c, cfg, seed, ev["engine"], ev["from_s"], ", ".join(shares)))
+        print()
+        print("### Requests per engine per time bucket (by send time)")
+        print()
+        for c, v in cap.items():
+            for cfg in sorted(v["runs"]):
+                for seed, s in sorted(v["runs"][cfg].items()):
+                    ev = os.path.join(out, c, "s%d" % seed, cfg, "event.txt")
+                    event = open(ev).read().strip() if os.path.exists(ev) else "no event recorded"
+                    pe = s.get("per_engine_per_bucket") or {}
+                    nb = max((len(x) for x in pe.values()), default=0)
+                    b = s.get("bucket_s", 4)
+                    print("**%s, %s, seed %d** (%s; peak in-flight per engine: %s)" % (
+                        c, cfg, seed, event, ", ".join("%s %s" % (k, ms(x)) for k, x in sorted((s.get("peak_inflight") or {}).items()))))
+                    print()
+                    # the largest prefill queue each engine had in each bucket (polled every second)
+                    qmax = {}
+                    try:
+                        for line in open(os.path.join(out, c, "s%d" % seed, cfg, "queues.jsonl")):
+                            try:
+                                row = json.loads(line)
+                            except ValueError:
+                                continue
+                            i = int(row.get("t", 0) // b)
+                            for e, q in row.items():
+                                if e != "t":
+                                    cur = qmax.setdefault(e, {}).get(i)
+                                    qmax[e][i] = q if cur is None else (cur if q is None else max(cur, q))
+                    except OSError:
+                        pass
+                    print("requests sent (peak prefill queue: waiting + prefilling, polled every second; - = down)")
+                    print()
+                    print("| engine | " + " | ".join("%g-%g s" % (i * b, (i + 1) * b) for i in range(nb)) + " |")
+                    print("|---|" + "---|" * nb)
+                    for e, xs in sorted(pe.items()):
+                        q = qmax.get(e, {})
+                        cells = []
+                        for i, x in enumerate(xs):
+                            if i in q:
+                                cells.append("%d (%s)" % (x, "-" if q[i] is None else q[i]))
+                            else:
+                                cells.append(str(x))
+                        print("| %s | " % e + " | ".join(cells) + " |")
+                    print()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
