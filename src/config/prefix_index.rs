@@ -26,7 +26,11 @@ pub struct PrefixIndexSettings {
     pub reserved_memory_gib: f64,
     /// Container memory in bytes, overriding what cgroups report (for hosts where the
     /// limit is not visible, and for tests).
-    #[serde(default, deserialize_with = "crate::config_source::opt_bytes")]
+    #[serde(
+        default,
+        deserialize_with = "crate::config_source::opt_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub memory_limit_bytes: Option<u64>,
 }
 

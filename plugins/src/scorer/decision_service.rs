@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{BuildCtx, Plugin, PluginParams};
+use super::api::{BuildCtx, Plugin, PluginParams};
 
 /// A filter, so it has no weight.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BuildCtx, Plugin, PluginParams, Scorer};
+use super::api::{BuildCtx, Plugin, PluginParams, Scorer};
 use crate::candidate::{Candidate, Needs, RequestView};
 
 /// `2^-r`, `r` = how many candidates hold fewer cached blocks (by the prefix index).
@@ -57,7 +57,7 @@ impl Scorer for LeastCachedScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scorer::tests::cands;
+    use crate::scorer::api::cands;
 
     #[test]
     fn least_cached_ranks_by_placed_blocks_and_ties_equal_caches() {

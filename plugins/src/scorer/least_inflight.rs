@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BuildCtx, Plugin, PluginParams, Scorer};
+use super::api::{BuildCtx, Plugin, PluginParams, Scorer};
 use crate::candidate::{Candidate, RequestView};
 
 /// `1 / (1 + in-flight requests)`.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BuildCtx, Plugin, PluginParams, Scorer};
+use super::api::{BuildCtx, Plugin, PluginParams, Scorer};
 use crate::candidate::{Candidate, RequestView};
 
 /// `1 / (1 + in-flight tokens / token_scale)`.
@@ -74,9 +74,9 @@ impl Scorer for LeastTokenScorer {
 
 #[cfg(test)]
 mod tests {
-    use super::super::LeastInflightScorer;
+    use crate::scorer::least_inflight::LeastInflightScorer;
     use super::*;
-    use crate::scorer::tests::cands;
+    use crate::scorer::api::cands;
 
     #[test]
     fn load_scorers() {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BuildCtx, Plugin, PluginParams, Scorer};
+use super::api::{BuildCtx, Plugin, PluginParams, Scorer};
 use crate::candidate::{Candidate, Needs, RequestView};
 use crate::cost::{CostModel, Estimate};
 use crate::layered::CostTolerance;
@@ -196,7 +196,7 @@ impl Scorer for PredictedTtftScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scorer::tests::cands;
+    use crate::scorer::api::cands;
 
     /// 1000 tokens/s and a 10 ms step: queues of 0, 90 and 490 tokens estimate 20, 110 and
     /// 510 ms for a 10-token prompt.

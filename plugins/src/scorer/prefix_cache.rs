@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BuildCtx, Plugin, PluginParams, Scorer};
+use super::api::{BuildCtx, Plugin, PluginParams, Scorer};
 use crate::candidate::{Candidate, Needs, RequestView};
 
 /// Share of the prompt cached on the instance; matches below `min_hit_ratio` score 0, and
@@ -102,10 +102,10 @@ impl Scorer for PrefixScorer {
 
 #[cfg(test)]
 mod tests {
-    use super::super::LeastCachedScorer;
+    use crate::scorer::least_cached::LeastCachedScorer;
     use super::*;
     use crate::prefix::PrefixIndex;
-    use crate::scorer::tests::cands;
+    use crate::scorer::api::cands;
 
     #[test]
     fn a_full_kv_cache_ranks_last_for_least_cached_and_scores_no_prefix() {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BuildCtx, Plugin, PluginParams, Scorer};
+use super::api::{BuildCtx, Plugin, PluginParams, Scorer};
 use crate::candidate::{Candidate, Needs, RequestView};
 use crate::hash::rendezvous;
 use crate::pipeline::{Completion, Outcome};
@@ -130,7 +130,7 @@ impl Scorer for SessionAffinityScorer {
 mod tests {
     use super::*;
     use crate::hash::SessionKey;
-    use crate::scorer::tests::cands;
+    use crate::scorer::api::cands;
 
     #[test]
     fn affinity_ranks_bound_first_then_a_fixed_order_per_session() {
