@@ -41,8 +41,8 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
         for i in &mut s.instances {
             let h = start_engine(rt.handle(), &snapshot, i, opts.time_scale)?;
             // Route to where the engine really is.
-            i.addr = h.addr.to_string();
-            running.insert((s.name.clone(), i.id.clone()), i.addr.clone());
+            i.addr = h.addr.to_string().into();
+            running.insert((s.name.clone(), i.id.clone()), i.addr.to_string());
             handles.push(h);
         }
     }
@@ -256,7 +256,7 @@ fn start_engine(
         bootstrap_port: i.bootstrap_port,
         ..engine_sim::SimConfig::default()
     };
-    let addr = i.addr.clone();
+    let addr = i.addr.as_str().to_string();
     rt.block_on(async move {
         let l = tokio::net::TcpListener::bind(&addr).await?;
         engine_sim::start(sim, l).await

@@ -99,6 +99,10 @@ enum Cmd {
         /// The config file to check.
         #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: PathBuf,
+        /// Print the effective config as YAML on stdout (every default filled in, every
+        /// credential `***`); the summary line goes to stderr.
+        #[arg(long)]
+        print: bool,
     },
     /// Print a shell completion script, e.g. `tokengate completions bash >
     /// /etc/bash_completion.d/tokengate` (zsh: into a directory of `$fpath` as `_tokengate`;
@@ -139,7 +143,7 @@ fn init_logging(configured: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Check { config } => match Config::load(&config).and_then(|c| {
+        Cmd::Check { config, print } => match Config::load(&config).and_then(|c| {
             // Build it too: what a running gateway would build must build.
             tokengate::runtime::Runtime::build(&c, None, &tokengate::metrics::Metrics::new())?;
             Ok(c)
@@ -163,12 +167,18 @@ fn main() -> ExitCode {
                     }
                 }
                 let n: usize = c.services.iter().map(|s| s.instances.len()).sum();
-                println!(
+                let summary = format!(
                     "{}: ok ({} services, {} instances)",
                     config.display(),
                     c.services.len(),
                     n
                 );
+                if print {
+                    print!("{}", c.to_yaml());
+                    eprintln!("{summary}");
+                } else {
+                    println!("{summary}");
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

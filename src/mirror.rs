@@ -95,7 +95,7 @@ impl std::fmt::Debug for Settings {
 impl Settings {
     /// The settings of a validated `mirror:` block (an error names its key).
     pub fn new(c: &MirrorSettings) -> Result<Settings, String> {
-        crate::upstream::parse_url(&c.target).map_err(|e| format!("target: {e}"))?;
+        c.target.parts().map_err(|e| format!("target: {e}"))?;
         let auth = match &c.auth_token {
             Some(t) => {
                 let mut v = HeaderValue::from_str(&format!("Bearer {t}"))
@@ -107,7 +107,7 @@ impl Settings {
         };
         let ratio = c.ratio.clamp(0.0, 100.0);
         Ok(Settings {
-            target: c.target.trim_end_matches('/').to_string(),
+            target: c.target.as_str().trim_end_matches('/').to_string(),
             target_model: (!c.target_model.trim().is_empty()).then(|| c.target_model.clone()),
             ratio,
             per_scale: (ratio * SCALE as f64 / 100.0).round() as u64,

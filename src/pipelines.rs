@@ -11,27 +11,26 @@
 //! | `mode: policy` (service) | filters → [`WeightedSum`] of the plugins' scorers |
 //! | `route_by: policy` | the same over every target's instances, with `DecisionTarget` after the filters when a `decision-service` plugin is listed |
 //!
-//! Adding a scorer: write it in `plugins/` (a [`Scorer`]), add its variant to
-//! [`PluginSettings`] (its parameters are the variant's fields) and one arm to
-//! [`scorer_of`]. Nothing else matches on plugin kinds.
+//! Adding a scorer: one file in `plugins/src/scorer/` (its parameters, their checks and its
+//! [`Scorer`]) and one line in that module's registry; this file builds every plugin through
+//! [`PluginSettings::build`](tokengate_plugins::PluginSettings::build).
 
 use crate::api::{Api, RequestInfo};
 use crate::config::{
-    KeySource, PluginSettings, PolicySettings, SchedulerConfig, ServiceConfig, UnboundSessions,
-    DEFAULT_AFFINITY_TTFT_SLACK, DEFAULT_AFFINITY_TTFT_TOLERANCE, DEFAULT_COST_MIN_HIT,
-    DEFAULT_PREFIX_LOAD_TOLERANCE, DEFAULT_PREFIX_MIN_HIT, DEFAULT_PREFIX_WAITING_THRESHOLD,
-    DEFAULT_TTFT_SLACK, DEFAULT_TTFT_TOLERANCE,
+    KeySource, PolicySettings, SchedulerConfig, ServiceConfig, DEFAULT_AFFINITY_TTFT_SLACK,
+    DEFAULT_AFFINITY_TTFT_TOLERANCE, DEFAULT_COST_MIN_HIT, DEFAULT_PREFIX_LOAD_TOLERANCE,
+    DEFAULT_PREFIX_MIN_HIT, DEFAULT_PREFIX_WAITING_THRESHOLD, DEFAULT_TTFT_SLACK,
+    DEFAULT_TTFT_TOLERANCE,
 };
 use log::info;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokengate_plugins::{
-    AffinityStage, Available, CostModel, CostTolerance, DecisionTarget, Eligibility, Escape,
-    FirstHit, HasFreeSlot, LbPolicy, LeastCachedScorer, LeastCachedStage, LeastInflightScorer,
-    LeastTokenScorer, Needs, NotTried, Pipeline, PredictedTtftScorer, PrefixLayerConfig,
-    PrefixScorer, PrefixStage, Role, RoleIs, Scorer, SessionAffinityScorer, SessionConfig,
-    SessionKey, SessionTable, WeightedSum,
+    AffinityStage, Available, BuildCtx, CostModel, CostTolerance, DecisionTarget, Eligibility,
+    Escape, FirstHit, HasFreeSlot, LbPolicy, LeastCachedStage, Needs, NotTried, Pipeline, Plugin,
+    PrefixLayerConfig, PrefixStage, Role, RoleIs, Scorer, SessionConfig, SessionKey, SessionTable,
+    WeightedSum,
 };
 
 /// The tolerance of a predicted-TTFT rule, from optional settings.
@@ -329,8 +328,8 @@ pub fn policy(
     let mut sessions = None;
     let mut decision = false;
     let mut scorers: Vec<(Arc<dyn Scorer>, f64)> = Vec::new();
-    for p in &ps.plugins {
-        let Some(sc) = scorer_of(p, cost, || {
+    {
+        let mut table = || {
             sessions
                 .get_or_insert_with(|| {
                     sessions_for(
@@ -345,11 +344,14 @@ pub fn policy(
                     )
                 })
                 .clone()
-        }) else {
-            decision = true;
-            continue;
         };
-        scorers.push((sc, p.weight().unwrap_or(1.0)));
+        let mut ctx = BuildCtx::new(cost, &mut table);
+        for p in &ps.plugins {
+            match p.build(&mut ctx) {
+                Plugin::Scorer(sc) => scorers.push((sc, p.weight().unwrap_or(1.0))),
+                Plugin::DecisionTarget => decision = true,
+            }
+        }
     }
     let describe = format!(
         "policy({}{})",
@@ -371,48 +373,4 @@ pub fn policy(
         sessions,
         describe,
     ))
-}
-
-/// The scorer of a plugin; `None` for `decision-service`, which is a filter. `sessions`
-/// gives the scheduler's session table (created on first use).
-fn scorer_of(
-    p: &PluginSettings,
-    cost: &Arc<CostModel>,
-    sessions: impl FnOnce() -> Arc<SessionTable>,
-) -> Option<Arc<dyn Scorer>> {
-    Some(match p {
-        PluginSettings::SessionAffinity { unbound, .. } => Arc::new(
-            SessionAffinityScorer::new(sessions())
-                .abstain_unbound(*unbound == UnboundSessions::Abstain),
-        ),
-        PluginSettings::LeastInflight { .. } => Arc::new(LeastInflightScorer),
-        PluginSettings::LeastToken { token_scale, .. } => Arc::new(LeastTokenScorer {
-            token_scale: *token_scale,
-        }),
-        PluginSettings::PredictedTtft {
-            temperature,
-            tolerance,
-            slack,
-            filter,
-            ..
-        } => Arc::new(
-            PredictedTtftScorer::new(cost.clone())
-                .with_temperature_ms(temperature.map(|t| t.as_secs_f64() * 1000.0))
-                .with_room(
-                    (tolerance.is_some() || slack.is_some())
-                        .then(|| tolerance_or(*tolerance, *slack, 0.0, Duration::ZERO)),
-                )
-                .with_filter(*filter),
-        ),
-        PluginSettings::LeastCached { .. } => Arc::new(LeastCachedScorer),
-        PluginSettings::PrefixCache {
-            min_hit_ratio,
-            max_waiting,
-            ..
-        } => Arc::new(PrefixScorer {
-            min_hit_ratio: *min_hit_ratio,
-            max_waiting: *max_waiting,
-        }),
-        PluginSettings::DecisionService { .. } => return None,
-    })
 }

@@ -27,6 +27,77 @@ pub struct Target {
     pub authority: String,
 }
 
+/// An instance address from the config (`services[].instances[].addr`), taken apart once
+/// when the config is read: its [`Target`], or what is wrong with it (reported by the config's
+/// validation with the key's path, so a validated config's addresses all have a target). It
+/// reads as the address as written (`&str`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct InstanceAddr {
+    raw: String,
+    target: Result<Target, String>,
+}
+
+impl InstanceAddr {
+    pub fn new(raw: impl Into<String>) -> InstanceAddr {
+        let raw = raw.into();
+        let target = target(&raw);
+        InstanceAddr { raw, target }
+    }
+
+    /// The address as written.
+    pub fn as_str(&self) -> &str {
+        &self.raw
+    }
+
+    /// Its parts, or what to fix.
+    pub fn target(&self) -> Result<&Target, String> {
+        self.target.as_ref().map_err(Clone::clone)
+    }
+}
+
+impl std::ops::Deref for InstanceAddr {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.raw
+    }
+}
+
+impl std::fmt::Display for InstanceAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.raw)
+    }
+}
+
+impl std::fmt::Debug for InstanceAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.raw, f)
+    }
+}
+
+impl From<String> for InstanceAddr {
+    fn from(raw: String) -> InstanceAddr {
+        InstanceAddr::new(raw)
+    }
+}
+
+impl From<&str> for InstanceAddr {
+    fn from(raw: &str) -> InstanceAddr {
+        InstanceAddr::new(raw)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for InstanceAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <String as serde::Deserialize>::deserialize(d).map(InstanceAddr::new)
+    }
+}
+
+impl serde::Serialize for InstanceAddr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.raw)
+    }
+}
+
 /// Takes an address apart: `ip:port`, `host:port`, or `http[s]://host[:port][/]`.
 pub fn target(addr: &str) -> Result<Target, String> {
     let (tls, rest) = match (addr.strip_prefix("https://"), addr.strip_prefix("http://")) {

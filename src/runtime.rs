@@ -514,7 +514,7 @@ impl Runtime {
             let mut instances = Vec::with_capacity(s.instances.len());
             for (idx, i) in s.instances.iter().enumerate() {
                 let p = format!("services[{si}].instances[{idx}]");
-                let target = match crate::resolve::target(&i.addr) {
+                let target = match i.addr.target() {
                     Ok(t) => t,
                     Err(e) => {
                         errs.push(format!("{p}.addr: {e}"));

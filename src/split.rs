@@ -100,7 +100,8 @@ impl Split {
             let prev_eps = prev
                 .into_iter()
                 .flat_map(|s| s.entries.iter().filter_map(|e| e.endpoint.clone()));
-            let url = p.address.as_deref().unwrap_or_default();
+            let no_address = crate::upstream::EndpointUrl::new("");
+            let url = p.address.as_ref().unwrap_or(&no_address);
             let endpoint = match crate::upstream::carried(prev_eps, &name, url, p.tls.as_ref()) {
                 Ok(e) => e,
                 Err(e) => {

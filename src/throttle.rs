@@ -32,7 +32,7 @@ use tokengate_plugins::Role;
 use tokio::sync::Notify;
 
 /// What happens to a request when no slot is free.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Overflow {
     /// 429 at once.
@@ -43,7 +43,7 @@ pub enum Overflow {
 }
 
 /// Where the limits are counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scope {
     #[default]

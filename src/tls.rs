@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// TLS towards HTTPS upstreams (`tls:` of a service or a split-proxy entry).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSettings {
     /// PEM file of the CA certificates to trust instead of the system's (a private CA).

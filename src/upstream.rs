@@ -42,6 +42,52 @@ pub struct UrlParts {
     pub path: String,
 }
 
+/// A URL from the config (`global.members[].url`, `split.proxies[].address`,
+/// `mirror.target`), taken apart once when the config is read: the parts, or what is wrong
+/// with it ([`crate::config::Config::validate`] reports that with the key's path, so a
+/// validated config's URLs all have parts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointUrl {
+    raw: String,
+    parts: Result<UrlParts, String>,
+}
+
+impl EndpointUrl {
+    pub fn new(raw: impl Into<String>) -> EndpointUrl {
+        let raw = raw.into();
+        let parts = parse_url(&raw);
+        EndpointUrl { raw, parts }
+    }
+
+    /// The URL as written.
+    pub fn as_str(&self) -> &str {
+        &self.raw
+    }
+
+    /// Its parts, or what to fix.
+    pub fn parts(&self) -> Result<&UrlParts, String> {
+        self.parts.as_ref().map_err(Clone::clone)
+    }
+}
+
+impl From<&str> for EndpointUrl {
+    fn from(raw: &str) -> EndpointUrl {
+        EndpointUrl::new(raw)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EndpointUrl {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(EndpointUrl::new)
+    }
+}
+
+impl serde::Serialize for EndpointUrl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.raw)
+    }
+}
+
 /// Parses `http[s]://host[:port][/path]` (IPv6 hosts in brackets). The error says what to fix.
 pub fn parse_url(url: &str) -> Result<UrlParts, String> {
     let (tls, rest) = if let Some(r) = url.strip_prefix("http://") {
@@ -94,16 +140,15 @@ impl Endpoint {
     /// An endpoint for `url`, resolved now (a name that does not resolve yet leaves it with
     /// no address: unavailable until a later resolution succeeds).
     pub fn new(name: &str, url: &str) -> Result<Endpoint, String> {
-        Endpoint::with_tls(name, url, None)
+        Endpoint::with_tls(name, &parse_url(url)?, None)
     }
 
     /// [`Endpoint::new`] with `tls:` settings for an `https://` URL (the CA file is read here).
     pub fn with_tls(
         name: &str,
-        url: &str,
+        u: &UrlParts,
         tls: Option<&crate::tls::TlsSettings>,
     ) -> Result<Endpoint, String> {
-        let u = parse_url(url)?;
         let id_header = http::HeaderValue::from_str(name)
             .map_err(|_| format!("{name:?} cannot be a header value"))?;
         let tls_peer = if u.tls {
@@ -117,9 +162,9 @@ impl Endpoint {
             name: name.to_string(),
             id_header,
             tls: u.tls,
-            host: u.host,
+            host: u.host.clone(),
             port: u.port,
-            base_path: u.path,
+            base_path: u.path.clone(),
             addrs: RwLock::new(Vec::new()),
             turn: AtomicUsize::new(0),
             health: Arc::new(Health::default()),
@@ -168,10 +213,10 @@ impl Endpoint {
 pub fn carried(
     prev: impl IntoIterator<Item = Arc<Endpoint>>,
     name: &str,
-    url: &str,
+    url: &EndpointUrl,
     tls: Option<&crate::tls::TlsSettings>,
 ) -> Result<Arc<Endpoint>, String> {
-    let u = parse_url(url)?;
+    let u = url.parts()?;
     for e in prev {
         if e.name == name
             && e.tls == u.tls
@@ -183,7 +228,7 @@ pub fn carried(
             return Ok(e);
         }
     }
-    Endpoint::with_tls(name, url, tls).map(Arc::new)
+    Endpoint::with_tls(name, u, tls).map(Arc::new)
 }
 
 impl Endpoint {

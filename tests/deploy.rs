@@ -67,7 +67,11 @@ fn container_configs_are_valid_and_their_admin_listener_is_reachable() {
     let ids = |c: &Config| -> Vec<(String, String)> {
         c.services
             .iter()
-            .flat_map(|s| s.instances.iter().map(|i| (i.id.clone(), i.addr.clone())))
+            .flat_map(|s| {
+                s.instances
+                    .iter()
+                    .map(|i| (i.id.clone(), i.addr.to_string()))
+            })
             .collect()
     };
     assert_eq!(ids(&demo), ids(&builtin));

@@ -19,7 +19,7 @@ use crate::candidate::Candidate;
 
 /// A load-balancing policy, as named in the YAML config (`least-token`, `least-request`,
 /// `round-robin`, `predicted-ttft`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LbPolicy {
     #[default]

@@ -371,7 +371,7 @@ impl Picker for FirstHit {
 }
 
 /// Strict or soft session affinity.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AffinityMode {
     #[default]

@@ -12,7 +12,8 @@
 //! * [`balance`] — least-token / least-request / round-robin / predicted-ttft (the last layer).
 //! * [`cost`] — the predicted time to first token and the rates it learns.
 //! * [`policy`] — policy mode: Σ weight × normalised score of [`scorer`]s.
-//! * [`scorer`] — the [`Scorer`] trait and the built-in scorers.
+//! * [`scorer`] — the [`Scorer`] trait and the policy plugins, one file each (parameters,
+//!   checks, logic), listed in its registry ([`PluginSettings`]).
 //! * [`pair`] — a prefill + decode pair from two pipelines.
 //! * [`hash`] — instance / session keys, chained prompt block hashes.
 //! * [`session`] — the session table (affinity state).
@@ -51,8 +52,10 @@ pub use policy::{PolicyError, WeightedSum};
 pub use prefix::{IndexGauges, PrefixIndex, PrefixIndexConfig, PrefixMatch};
 pub use route::WeightedTargets;
 pub use scorer::{
-    LeastCachedScorer, LeastInflightScorer, LeastTokenScorer, PredictedTtftScorer, PrefixScorer,
-    Scorer, SessionAffinityScorer,
+    BuildCtx, DecisionServiceParams, LeastCachedParams, LeastCachedScorer, LeastInflightParams,
+    LeastInflightScorer, LeastTokenParams, LeastTokenScorer, Plugin, PluginParams, PluginSettings,
+    PredictedTtftParams, PredictedTtftScorer, PrefixCacheParams, PrefixScorer, Scorer,
+    SessionAffinityParams, SessionAffinityScorer, UnboundSessions,
 };
 pub use session::{SessionConfig, SessionGauges, SessionTable};
 

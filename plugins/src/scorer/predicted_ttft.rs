@@ -1,0 +1,310 @@
+//! `kind: predicted-ttft`: the predicted time to first token ([`crate::cost`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::api::{BuildCtx, Plugin, PluginParams, Scorer};
+use crate::candidate::{Candidate, Needs, RequestView};
+use crate::cost::{CostModel, Estimate};
+use crate::layered::CostTolerance;
+
+/// `best / est`: the predicted time to first token relative to the best candidate's; with
+/// `temperature`, `exp(-(est - best) / temperature)` instead. With `tolerance` / `slack`,
+/// every candidate within best × (1 + tolerance) + slack scores 1 and that limit takes
+/// the place of `best` beyond it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictedTtftParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+    /// How many milliseconds slower make a candidate e (2.718…) times less attractive:
+    /// small differences barely count, large ones dominate. Unset: `best / est`.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub temperature: Option<Duration>,
+    /// Room above the best estimate in which candidates tie (score 1), as a share of it
+    /// (e.g. 0.5). Unset (and no `slack`): no room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<f64>,
+    /// Absolute room added to `tolerance` (e.g. 50ms).
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub slack: Option<Duration>,
+    /// `true`: candidates beyond the room are removed before any plugin scores (the other
+    /// plugins choose among the rest, whatever their weights), and the score ranks those
+    /// left from the best (no plateau). Without `tolerance` / `slack` only the best stays.
+    #[serde(default)]
+    pub filter: bool,
+}
+
+impl PluginParams for PredictedTtftParams {
+    fn weight(&self) -> Option<f64> {
+        self.weight
+    }
+
+    fn check(&self, p: &str, errs: &mut Vec<String>) {
+        if self.temperature.is_some_and(|t| t.is_zero()) {
+            errs.push(format!(
+                "{p}.temperature: must be longer than 0 (e.g. 100ms)"
+            ));
+        }
+        if let Some(t) = self.tolerance {
+            if !(t.is_finite() && t >= 0.0) {
+                errs.push(format!("{p}.tolerance: must be a number >= 0 (e.g. 0.5)"));
+            }
+        }
+    }
+
+    fn build(&self, ctx: &mut BuildCtx<'_>) -> Plugin {
+        let room = (self.tolerance.is_some() || self.slack.is_some()).then(|| CostTolerance {
+            tolerance: self.tolerance.unwrap_or(0.0),
+            slack_ms: self.slack.unwrap_or(Duration::ZERO).as_secs_f64() * 1000.0,
+        });
+        Plugin::Scorer(Arc::new(
+            PredictedTtftScorer::new(ctx.cost.clone())
+                .with_temperature_ms(self.temperature.map(|t| t.as_secs_f64() * 1000.0))
+                .with_room(room)
+                .with_filter(self.filter),
+        ))
+    }
+}
+
+/// Predicted time to first token ([`crate::cost`]): `best / est` — 1 for the candidate with
+/// the lowest prediction, less for slower ones (a candidate twice as slow scores 0.5). With a
+/// temperature `t` (ms): `exp(-(est - best) / t)` — the same 1 for the best, but a difference
+/// counts by its size in milliseconds rather than as a ratio, so 20 ms between two idle
+/// instances hardly matters while 500 ms behind a queue outweighs the other plugins.
+///
+/// With a room (`tolerance`, `slack_ms`): every candidate whose estimate ≤ `limit` = best ×
+/// (1 + tolerance) + slack scores 1, and the shapes above apply beyond it with `limit` in place
+/// of `best` (`limit / est`, or `exp(-(est - limit) / t)`). Near-best candidates then tie on
+/// this plugin and the other plugins (affinity, prefix, least-cached) choose among them — "stay
+/// with the cache unless it is clearly slower", as the layered mode's TTFT tolerance does.
+///
+/// As a filter ([`Self::with_filter`]): candidates beyond the room are removed before any
+/// plugin scores, and the score has no plateau (`best / est` or the temperature shape from
+/// `best`), so among the candidates left the faster still leads on this plugin. A weighted sum
+/// cannot say "never one that is clearly slower"; the filter does, whatever the other
+/// plugins' weights.
+#[derive(Debug, Clone)]
+pub struct PredictedTtftScorer {
+    model: Arc<CostModel>,
+    temperature_ms: Option<f64>,
+    room: Option<(f64, f64)>,
+    filter: bool,
+}
+
+impl PredictedTtftScorer {
+    pub fn new(model: Arc<CostModel>) -> Self {
+        PredictedTtftScorer {
+            model,
+            temperature_ms: None,
+            room: None,
+            filter: false,
+        }
+    }
+
+    /// Removes the candidates beyond the room (no room: all but the best) before the policy
+    /// sums, instead of flattening the score inside it. See the type's docs.
+    pub fn with_filter(mut self, filter: bool) -> Self {
+        self.filter = filter;
+        self
+    }
+
+    /// The room's limit above `best`.
+    fn limit(&self, best: f64) -> f64 {
+        match self.room {
+            Some((tolerance, slack)) => best * (1.0 + tolerance) + slack,
+            None => best,
+        }
+    }
+
+    /// Scores by `exp(-(est - best) / t)` (`t` in ms, > 0) instead of `best / est`.
+    pub fn with_temperature_ms(mut self, t: Option<f64>) -> Self {
+        self.temperature_ms = t.filter(|t| t.is_finite() && *t > 0.0);
+        self
+    }
+
+    /// Scores 1 up to best × (1 + `tolerance`) + `slack_ms` (both ≥ 0; negative or NaN count
+    /// as 0), the same room as the layered mode's [`CostTolerance`]. `None`: no room.
+    pub fn with_room(mut self, room: Option<CostTolerance>) -> Self {
+        let ok = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        self.room = room.map(|r| (ok(r.tolerance), ok(r.slack_ms)));
+        self
+    }
+}
+
+impl Scorer for PredictedTtftScorer {
+    fn name(&self) -> &'static str {
+        "ttft"
+    }
+    fn needs(&self) -> Needs {
+        Needs::PREFIX
+    }
+    fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
+        let mut est = vec![Estimate::default(); cands.len()];
+        self.model.estimate_all(req, cands, &mut est);
+        let best = est.iter().map(|e| e.ms).fold(f64::INFINITY, f64::min);
+        // As a filter the room has done its work; the score ranks the candidates left.
+        let limit = if self.filter { best } else { self.limit(best) };
+        for (o, e) in out.iter_mut().zip(&est) {
+            *o = if e.ms <= limit {
+                1.0
+            } else {
+                match self.temperature_ms {
+                    Some(t) => (-(e.ms - limit) / t).exp(),
+                    // e.ms > limit ≥ 0 here.
+                    None => limit / e.ms,
+                }
+            };
+        }
+    }
+
+    fn filters(&self) -> bool {
+        self.filter
+    }
+
+    fn filter(&self, req: &RequestView<'_>, cands: &[Candidate], keep: &mut [bool]) {
+        if !self.filter {
+            return;
+        }
+        let mut est = vec![Estimate::default(); cands.len()];
+        self.model.estimate_all(req, cands, &mut est);
+        let best = est
+            .iter()
+            .zip(keep.iter())
+            .filter(|(_, k)| **k)
+            .map(|(e, _)| e.ms)
+            .fold(f64::INFINITY, f64::min);
+        let limit = self.limit(best);
+        for (k, e) in keep.iter_mut().zip(&est) {
+            if e.ms > limit {
+                *k = false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scorer::api::cands;
+
+    /// 1000 tokens/s and a 10 ms step: queues of 0, 90 and 490 tokens estimate 20, 110 and
+    /// 510 ms for a 10-token prompt.
+    fn three_queues() -> (Arc<CostModel>, Vec<Candidate>, RequestView<'static>) {
+        use crate::cost::CostConfig;
+        let model = Arc::new(CostModel::new(CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 10.0,
+            ..CostConfig::default()
+        }));
+        let mut cs = cands(3);
+        cs[1].prefill_tokens = 90;
+        cs[2].prefill_tokens = 490;
+        let req = RequestView {
+            prompt_tokens: 10,
+            block_tokens: 16,
+            ..Default::default()
+        };
+        (model, cs, req)
+    }
+
+    #[test]
+    fn predicted_ttft_scores_a_ratio_or_with_a_temperature_milliseconds() {
+        let (model, mut cs, req) = three_queues();
+        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9);
+        let mut out = vec![0.0; 3];
+        PredictedTtftScorer::new(model.clone()).score(&req, &cs, &mut out);
+        assert!(close(&out, &[1.0, 20.0 / 110.0, 20.0 / 510.0]), "{out:?}");
+        let warm = PredictedTtftScorer::new(model.clone()).with_temperature_ms(Some(100.0));
+        warm.score(&req, &cs, &mut out);
+        assert!(
+            close(&out, &[1.0, (-0.9f64).exp(), (-4.9f64).exp()]),
+            "{out:?}"
+        );
+        // The same 90 ms gap between slower candidates: a ratio barely tells them apart
+        // (0.82), the temperature still does (e^-0.9 = 0.41).
+        cs[0].prefill_tokens = 1000;
+        cs[1].prefill_tokens = 1090;
+        cs[2].prefill_tokens = 2000;
+        PredictedTtftScorer::new(model.clone()).score(&req, &cs, &mut out);
+        assert!((out[1] - 1020.0 / 1110.0).abs() < 1e-9);
+        warm.score(&req, &cs, &mut out);
+        assert!((out[1] - (-0.9f64).exp()).abs() < 1e-9);
+        // A temperature of 0 or NaN is ignored (the ratio).
+        let cold = PredictedTtftScorer::new(model).with_temperature_ms(Some(0.0));
+        cold.score(&req, &cs, &mut out);
+        assert!((out[1] - 1020.0 / 1110.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn predicted_ttft_with_a_room_ties_the_near_best_and_decays_beyond() {
+        // Estimates 20, 110 and 510 ms.
+        let (model, cs, req) = three_queues();
+        let mut out = vec![0.0; 3];
+        // Limit 20 × 1.5 + 100 = 130 ms: the first two tie, the third scores 130 / 510.
+        let roomy = PredictedTtftScorer::new(model.clone()).with_room(Some(CostTolerance {
+            tolerance: 0.5,
+            slack_ms: 100.0,
+        }));
+        roomy.score(&req, &cs, &mut out);
+        assert_eq!(&out[..2], &[1.0, 1.0]);
+        assert!((out[2] - 130.0 / 510.0).abs() < 1e-9, "{out:?}");
+        // With a temperature beyond the limit: exp(-(510 - 130) / 100).
+        let warm = roomy.with_temperature_ms(Some(100.0));
+        warm.score(&req, &cs, &mut out);
+        assert_eq!(&out[..2], &[1.0, 1.0]);
+        assert!((out[2] - (-3.8f64).exp()).abs() < 1e-9, "{out:?}");
+        // No room (negative counts as 0): the plain ratio again.
+        let none = PredictedTtftScorer::new(model).with_room(Some(CostTolerance {
+            tolerance: -1.0,
+            slack_ms: f64::NAN,
+        }));
+        none.score(&req, &cs, &mut out);
+        assert!((out[1] - 20.0 / 110.0).abs() < 1e-9, "{out:?}");
+    }
+
+    #[test]
+    fn predicted_ttft_as_a_filter_drops_beyond_the_room_and_ranks_from_the_best() {
+        // Estimates 20, 110 and 510 ms; room 20 × 1.5 + 100 = 130 ms.
+        let (model, cs, req) = three_queues();
+        let room = Some(CostTolerance {
+            tolerance: 0.5,
+            slack_ms: 100.0,
+        });
+        let gate = PredictedTtftScorer::new(model.clone())
+            .with_room(room)
+            .with_filter(true);
+        let mut keep = vec![true; 3];
+        gate.filter(&req, &cs, &mut keep);
+        assert_eq!(keep, vec![true, true, false]);
+        // No plateau: among those left the faster still leads (20 / 110).
+        let mut out = vec![0.0; 2];
+        gate.score(&req, &cs[..2], &mut out);
+        assert!((out[0] - 1.0).abs() < 1e-9 && (out[1] - 20.0 / 110.0).abs() < 1e-9);
+        // The best is the best of those an earlier filter kept: without candidate 0 the
+        // limit is 110 × 1.5 + 100 = 265 ms, and 510 ms is still out.
+        let mut keep = vec![false, true, true];
+        gate.filter(&req, &cs, &mut keep);
+        assert_eq!(keep, vec![false, true, false]);
+        // No room: only the best stays.
+        let strict = PredictedTtftScorer::new(model.clone()).with_filter(true);
+        let mut keep = vec![true; 3];
+        strict.filter(&req, &cs, &mut keep);
+        assert_eq!(keep, vec![true, false, false]);
+        // Not a filter: keeps everything (the room flattens the score instead).
+        let soft = PredictedTtftScorer::new(model).with_room(room);
+        let mut keep = vec![true; 3];
+        soft.filter(&req, &cs, &mut keep);
+        assert_eq!(keep, vec![true; 3]);
+    }
+}

@@ -1,0 +1,158 @@
+//! `services:`: the served models, each a pool of engine instances.
+
+use super::instance::InstanceConfig;
+use super::pd::PdSettings;
+use super::scheduler::SchedulerConfig;
+use super::secret::Secret;
+use super::throttling::ThrottlingSettings;
+use crate::tls::TlsSettings;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::time::Duration;
+use tokengate_plugins::LbPolicy;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// The model name clients send (`"model": "qwen3-32b"`).
+    pub name: String,
+    /// `least-token`, `least-request`, `round-robin` or `predicted-ttft`. Default:
+    /// `predicted-ttft` under a layered scheduler, else `least-token`.
+    #[serde(default)]
+    pub load_balancing: Option<LbPolicy>,
+    /// Layered or policy scheduling; absent = `load_balancing` alone.
+    #[serde(default)]
+    pub scheduler: Option<SchedulerConfig>,
+    /// Scrape the engines' own load figures from their Prometheus metrics (vLLM or SGLang
+    /// names); absent = off.
+    #[serde(default)]
+    pub engine_metrics: Option<EngineMetricsSettings>,
+    /// Slot limits per instance or per service, and what happens beyond them; absent = off.
+    #[serde(default)]
+    pub throttling: Option<ThrottlingSettings>,
+    /// Prefill/decode disaggregation: the instances have roles (`prefill` / `decode`);
+    /// absent = integrated engines.
+    #[serde(default)]
+    pub pd: Option<PdSettings>,
+    /// The engines' API key (their `--api-key`), sent as `Authorization: Bearer` to every
+    /// instance without its own.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// TLS towards the instances addressed by `https://` URLs.
+    #[serde(default)]
+    pub tls: Option<TlsSettings>,
+    pub instances: Vec<InstanceConfig>,
+}
+
+/// `GET path` on every instance of the service every `interval`: running and queued
+/// requests and KV usage, shown in `/admin/instances` and read by the predicted-TTFT model.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineMetricsSettings {
+    #[serde(default = "d_em_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(default = "d_em_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    #[serde(default = "d_em_path")]
+    pub path: String,
+    /// `true`: an instance without `cache_tokens` takes the KV cache size its engine reports
+    /// (`vllm:cache_config_info`, `sglang:max_total_num_tokens`) as its `cache_tokens`.
+    #[serde(default)]
+    pub cache_size: bool,
+}
+
+fn d_em_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn d_em_timeout() -> Duration {
+    Duration::from_millis(500)
+}
+fn d_em_path() -> String {
+    "/metrics".into()
+}
+
+impl EngineMetricsSettings {
+    fn validate(&self, si: usize, errs: &mut Vec<String>) {
+        let em = self;
+        if em.interval.is_zero() || em.timeout.is_zero() {
+            errs.push(format!(
+                "services[{si}].engine_metrics.interval / timeout: must be greater than 0"
+            ));
+        }
+        if !em.path.starts_with('/') {
+            errs.push(format!(
+                "services[{si}].engine_metrics.path: {:?} must start with /",
+                em.path
+            ));
+        }
+    }
+}
+
+/// Every service and its instances; returns the service names. Errors come in the order of
+/// the file: first every service's name and instances, then every service's features.
+pub(super) fn validate<'a>(
+    services: &'a [ServiceConfig],
+    block_size: usize,
+    errs: &mut Vec<String>,
+) -> HashSet<&'a str> {
+    if services.is_empty() {
+        errs.push("services: at least one service is required".into());
+    }
+    let mut names = HashSet::new();
+    let mut ids = HashSet::new();
+    for (si, s) in services.iter().enumerate() {
+        if s.name.is_empty() {
+            errs.push(format!("services[{si}].name: must not be empty"));
+        }
+        if !names.insert(s.name.as_str()) {
+            errs.push(format!(
+                "services[{si}].name: duplicate service {:?}",
+                s.name
+            ));
+        }
+        if s.instances.is_empty() {
+            errs.push(format!(
+                "services[{si}].instances: at least one instance is required"
+            ));
+        }
+        for (ii, inst) in s.instances.iter().enumerate() {
+            inst.validate(
+                &format!("services[{si}].instances[{ii}]"),
+                &mut ids,
+                block_size,
+                errs,
+            );
+        }
+    }
+    for (si, s) in services.iter().enumerate() {
+        s.validate_features(si, errs);
+    }
+    names
+}
+
+impl ServiceConfig {
+    /// Scheduler, throttling, roles, key, TLS and engine metrics of `services[si]`.
+    fn validate_features(&self, si: usize, errs: &mut Vec<String>) {
+        let s = self;
+        if let Some(sc) = &s.scheduler {
+            super::scheduler::validate_scheduler(sc, &format!("services[{si}].scheduler"), errs);
+        }
+        if let Some(t) = &s.throttling {
+            t.validate(si, s.pd.is_some(), errs);
+        }
+        super::pd::validate_pd(si, s.pd.as_ref(), &s.instances, errs);
+        if let Some(k) = &s.api_key {
+            if let Err(e) = k.check() {
+                errs.push(format!("services[{si}].api_key: {e}"));
+            }
+        }
+        if let Some(t) = &s.tls {
+            if let Err(e) = crate::tls::check(t) {
+                errs.push(format!("services[{si}].tls.{e}"));
+            }
+        }
+        if let Some(em) = &s.engine_metrics {
+            em.validate(si, errs);
+        }
+    }
+}
