@@ -7,7 +7,7 @@
 
 use crate::bigbody;
 use crate::error::GatewayError;
-use crate::request::{self, admit, complete, dispatch, global, plan, slot, Ctx, Handoff};
+use crate::request::{self, admit, attempt, complete, dispatch, global, plan, Ctx, Handoff};
 use crate::shared::Shared;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -51,25 +51,13 @@ impl Gateway {
             );
         }
         // Admission to an instance: a throttling slot (reject, or wait in the queue); what
-        // this region cannot take may go to another region's gateway.
-        let legs = match slot::take(&self.shared, slot::Asker::Client(session), &plan, &[]).await? {
+        // this region cannot take may go to another region's gateway, or, with the split
+        // proxy's local entry set to fail over, to an external API ([`request::attempt`]).
+        let legs = match attempt::admit(&self.shared, session, &plan, ctx.hop).await? {
             Ok(legs) => legs,
-            // ... or, with the split proxy's local entry set to fail over, to an external API.
-            Err(d) => match (d.overflow && !matches!(plan.dest, crate::runtime::Dest::Split(_)))
-                .then(|| {
-                    (!ctx.hop)
-                        .then(|| global::leg(&plan, &[]))
-                        .flatten()
-                        .or_else(|| request::split::from_local(&plan))
-                })
-                .flatten()
-            {
-                Some(leg) => vec![leg],
-                _ => {
-                    return request::reject_after(session, ctx, d.status, d.error, d.retry_after)
-                        .await;
-                }
-            },
+            Err(d) => {
+                return request::reject_after(session, ctx, d.status, d.error, d.retry_after).await;
+            }
         };
         if session.as_ref().retry_buffer_truncated() {
             // Pingora cannot replay this body from its retry buffer: run the proxy pipeline

@@ -13,6 +13,7 @@
 //! whose hooks dispatch and complete.
 
 pub mod admit;
+pub mod attempt;
 pub mod complete;
 pub mod dispatch;
 pub mod global;
@@ -247,22 +248,23 @@ pub struct Ctx {
     pub request_id_header: Option<HeaderValue>,
     pub api: Option<Api>,
     pub plan: Option<Plan>,
-    /// The body sent upstream (the client's bytes, or a rewrite).
+    /// The planned upstream body (the client's bytes, or the plan's rewrite).
     pub body: Option<Bytes>,
+    /// The current attempt's body when its leg rewrites the planned one (the model name, a
+    /// disaggregated pair's fields).
+    pub sent: Option<Bytes>,
     /// The current attempt's legs (the main leg first).
     pub legs: Vec<Leg>,
     /// Instances not to try again (tried, or blamed for a failed attempt).
     pub tried: Vec<InstanceKey>,
     /// Attempts dispatched so far.
     pub attempts: usize,
+    /// Where the next attempt goes, decided when the current one failed.
+    pub next: Option<attempt::Next>,
     /// A disaggregated service: the current attempt's pair and its prefill's progress.
     pub pd: Option<pd::Attempt>,
-    /// A disaggregated service: the body before the per-attempt fields (kept for retries).
-    pub pd_base: Option<Bytes>,
     /// Member gateways (global scheduling) or split-proxy entries already tried.
     pub tried_members: Vec<String>,
-    /// The body before a remote leg's model rewrite (kept for the next failover leg).
-    pub remote_base: Option<Bytes>,
     /// The request came from another region's gateway: it is never forwarded again.
     pub hop: bool,
     /// The reason of the last dispatched main leg (kept for the access log after it ends).
@@ -288,13 +290,13 @@ impl Ctx {
             api: None,
             plan: None,
             body: None,
+            sent: None,
             legs: Vec::new(),
             tried: Vec::new(),
             attempts: 0,
+            next: None,
             pd: None,
-            pd_base: None,
             tried_members: Vec::new(),
-            remote_base: None,
             hop: false,
             reason: Cow::Borrowed(""),
             response: ResponseState::default(),
@@ -304,6 +306,11 @@ impl Ctx {
             deadline_hit: false,
             mirror: None,
         }
+    }
+
+    /// The body the current attempt sends.
+    pub fn upstream_body(&self) -> Option<&Bytes> {
+        self.sent.as_ref().or(self.body.as_ref())
     }
 
     /// The main leg of the current attempt.
