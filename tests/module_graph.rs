@@ -153,7 +153,7 @@ fn the_module_graph_of_src_is_a_dag() {
     assert!(g["request::plan"].contains("runtime"), "{g:#?}");
     assert!(g["proxy"].contains("request"), "{g:#?}");
     assert!(
-        g["request::dispatch"].contains("request::complete"),
+        g["request::attempt"].contains("request::complete"),
         "{g:#?}"
     );
     if let Some(c) = find_cycle(&g) {

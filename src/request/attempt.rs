@@ -14,14 +14,19 @@
 //! entries when the split proxy's local entry participates ([`after_refusal`]).
 //!
 //! The failure hooks ([`super::dispatch`]) ask [`after_failure`] and keep its answer in the
-//! context; Pingora then calls `upstream_peer` again, where [`next_legs`] picks the leg(s).
+//! request's [`State`]; Pingora then calls `upstream_peer` again, where [`retry`] ends the
+//! failed attempt ([`super::complete::attempt_failed`]) and picks the next leg(s)
+//! ([`next_legs`]). A disaggregated pair whose prefill failed before the decode was sent
+//! goes the same way ([`prefill_failed`]).
 
 use super::slot::{self, Denied, Legs};
-use super::{global, split, Ctx, Leg, Plan};
+use super::{complete, global, pd, split, Ctx, Leg, Plan};
 use crate::error::GatewayError;
 use crate::runtime::Dest;
 use crate::shared::Shared;
+use bytes::Bytes;
 use pingora::prelude::*;
+use tokengate_plugins::InstanceKey;
 
 /// A Pingora error that `fail_to_proxy` turns into this gateway error.
 pub fn gw_err(e: GatewayError) -> Box<Error> {
@@ -30,6 +35,22 @@ pub fn gw_err(e: GatewayError) -> Box<Error> {
 
 /// Attempts on our own instances per request (first try + retries to other instances).
 pub const MAX_ATTEMPTS: usize = 3;
+
+/// A request's attempts so far (part of its [`Ctx`]).
+#[derive(Default)]
+pub struct State {
+    /// Attempts dispatched.
+    pub count: usize,
+    /// Our instances not to try again (tried, or blamed for a failed attempt).
+    pub tried: Vec<InstanceKey>,
+    /// Member gateways (global scheduling) or split-proxy entries already tried.
+    pub tried_remote: Vec<String>,
+    /// Where the next attempt goes, decided when the current one failed.
+    pub next: Option<Next>,
+    /// The current attempt's body when its leg rewrites the planned one (the model name, a
+    /// disaggregated pair's fields).
+    pub sent: Option<Bytes>,
+}
 
 /// How an attempt failed (always before any response byte reached the client).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +90,8 @@ pub fn after_failure(ctx: &Ctx, plan: &Plan, f: Failure) -> Option<Next> {
                     Failure::Status(s) => split::fails_over_on(s),
                     _ => true,
                 };
-                (moves && split::has_next(plan, e, &ctx.tried_members)).then_some(Next::Entry)
+                (moves && split::has_next(plan, e, &ctx.attempt.tried_remote))
+                    .then_some(Next::Entry)
             }
             None => {
                 let moves = match f {
@@ -77,7 +99,7 @@ pub fn after_failure(ctx: &Ctx, plan: &Plan, f: Failure) -> Option<Next> {
                     Failure::Connect | Failure::Reset => true,
                     _ => false,
                 };
-                (moves && global::has_next(plan, &ctx.tried_members)).then_some(Next::Member)
+                (moves && global::has_next(plan, &ctx.attempt.tried_remote)).then_some(Next::Member)
             }
         };
     }
@@ -94,34 +116,34 @@ pub fn after_failure(ctx: &Ctx, plan: &Plan, f: Failure) -> Option<Next> {
         Failure::Other => false,
         _ => true,
     };
-    (fails_over && split::after_local(plan, &ctx.tried_members)).then_some(Next::Entry)
+    (fails_over && split::after_local(plan, &ctx.attempt.tried_remote)).then_some(Next::Entry)
 }
 
 /// Whether another of our instances may be tried: attempts left and an untried available
 /// instance. A disaggregated service's failed pair blames one of its instances (see
 /// [`super::pd`]): the other one may be used again.
 fn local_left(ctx: &Ctx, plan: &Plan) -> bool {
-    if ctx.attempts >= MAX_ATTEMPTS {
+    if ctx.attempt.count >= MAX_ATTEMPTS {
         return false;
     }
     match ctx.pd.as_ref() {
         Some(a) => {
-            let mut excluded = ctx.tried.clone();
+            let mut excluded = ctx.attempt.tried.clone();
             excluded.push(a.blamed());
             plan.dest.has_untried(&excluded)
         }
-        None => plan.dest.has_untried(&ctx.tried),
+        None => plan.dest.has_untried(&ctx.attempt.tried),
     }
 }
 
 /// Where a request goes that our instances refused (`d`), or `None`: the refusal is the
 /// answer. A member gateway first (not for a request that already crossed a region), else
 /// an external entry when the split proxy's local entry takes part in failover.
-pub fn after_refusal(plan: &Plan, d: &Denied, hop: bool, tried_members: &[String]) -> Option<Leg> {
+pub fn after_refusal(plan: &Plan, d: &Denied, tried_members: &[String]) -> Option<Leg> {
     if !d.overflow || matches!(plan.dest, Dest::Split(_)) {
         return None;
     }
-    (!hop)
+    (!plan.hop)
         .then(|| global::leg(plan, tried_members))
         .flatten()
         .or_else(|| split::next_after_local(plan, tried_members))
@@ -134,12 +156,11 @@ pub async fn admit(
     shared: &Shared,
     session: &mut pingora::proxy::Session,
     plan: &Plan,
-    hop: bool,
 ) -> Result<Result<Legs, Denied>> {
     Ok(
         match slot::take(shared, slot::Asker::Client(session), plan, &[]).await? {
             Ok(legs) => Ok(legs),
-            Err(d) => match after_refusal(plan, &d, hop, &[]) {
+            Err(d) => match after_refusal(plan, &d, &[]) {
                 Some(leg) => Ok(vec![leg]),
                 None => Err(d),
             },
@@ -147,8 +168,54 @@ pub async fn admit(
     )
 }
 
+/// `upstream_peer` after a failed attempt: completes it and picks the next attempt's legs
+/// where [`after_failure`] said (or, for a retry Pingora decided on its own, the same kind
+/// of upstream).
+pub async fn retry(
+    shared: &Shared,
+    headers: &http::HeaderMap,
+    ctx: &mut Ctx,
+    plan: &Plan,
+) -> Result<()> {
+    let retried = ctx.response.retry_status.take();
+    ctx.response.answered = false;
+    let same = match ctx.main_leg().and_then(|l| l.remote()) {
+        Some(r) if r.entry.is_some() => Next::Entry,
+        Some(_) => Next::Member,
+        None => Next::Local,
+    };
+    let next = ctx.attempt.next.take().unwrap_or(same);
+    complete::attempt_failed(shared, ctx, plan, retried);
+    ctx.legs = next_legs(shared, headers, ctx, plan, next).await?;
+    Ok(())
+}
+
+/// A disaggregated pair's prefill failed before its decode was sent (vLLM): completes the
+/// attempt and picks the next one's legs, or answers with the prefill's error.
+pub async fn prefill_failed(
+    shared: &Shared,
+    headers: &http::HeaderMap,
+    ctx: &mut Ctx,
+    plan: &Plan,
+    f: pd::Failure,
+) -> Result<()> {
+    let prefill = ctx.pd.as_ref().map(|a| a.prefill.id.clone());
+    let next = f
+        .retryable()
+        .then(|| after_failure(ctx, plan, Failure::Prefill))
+        .flatten();
+    complete::attempt_failed(shared, ctx, plan, None);
+    match next {
+        Some(n) => {
+            ctx.legs = next_legs(shared, headers, ctx, plan, n).await?;
+            Ok(())
+        }
+        None => Err(gw_err(f.gateway_error(prefill.as_deref().unwrap_or("-")))),
+    }
+}
+
 /// The next attempt's legs (the failed attempt was completed), or the error to answer with.
-pub async fn next_legs(
+async fn next_legs(
     shared: &Shared,
     headers: &http::HeaderMap,
     ctx: &Ctx,
@@ -156,34 +223,41 @@ pub async fn next_legs(
     next: Next,
 ) -> Result<Legs> {
     match next {
-        Next::Entry => match split::next(plan, &ctx.tried_members) {
+        Next::Entry => match split::next(plan, &ctx.attempt.tried_remote) {
             Some(l) => Ok(vec![l]),
             None => Err(gw_err(GatewayError::BadGateway(format!(
                 "no split.proxies entry could take the request ({} tried: {})",
-                ctx.tried_members.len(),
-                ctx.tried_members.join(", ")
+                ctx.attempt.tried_remote.len(),
+                ctx.attempt.tried_remote.join(", ")
             )))),
         },
-        Next::Member => match global::leg(plan, &ctx.tried_members) {
+        Next::Member => match global::leg(plan, &ctx.attempt.tried_remote) {
             Some(l) => Ok(vec![l]),
             None => Err(gw_err(GatewayError::Unavailable(format!(
                 "no gateway of another region took the request ({} tried)",
-                ctx.tried_members.len()
+                ctx.attempt.tried_remote.len()
             )))),
         },
         Next::Local => {
-            if ctx.attempts >= MAX_ATTEMPTS {
+            if ctx.attempt.count >= MAX_ATTEMPTS {
                 return Err(gw_err(GatewayError::BadGateway(format!(
                     "{} attempts to reach an instance of {:?} failed",
-                    ctx.attempts,
+                    ctx.attempt.count,
                     plan.dest.name()
                 ))));
             }
             // A retry re-takes a slot (the failed attempt gave its slot back), waiting in the
             // queue in queue mode; a refusal goes where an admission refusal goes.
-            match slot::take(shared, slot::Asker::Headers(headers), plan, &ctx.tried).await? {
+            match slot::take(
+                shared,
+                slot::Asker::Headers(headers),
+                plan,
+                &ctx.attempt.tried,
+            )
+            .await?
+            {
                 Ok(legs) => Ok(legs),
-                Err(d) => match after_refusal(plan, &d, ctx.hop, &ctx.tried_members) {
+                Err(d) => match after_refusal(plan, &d, &ctx.attempt.tried_remote) {
                     Some(leg) => Ok(vec![leg]),
                     None => Err(gw_err(d.error)),
                 },

@@ -15,7 +15,7 @@
 //!   phase and gives the TTFT; the usage is read from the JSON body or the SSE events.
 
 use super::attempt::{self, gw_err, Failure, Next};
-use super::{complete, global, pd, Ctx, LegRole, Plan, To};
+use super::{global, pd, Ctx, LegRole, Plan, To};
 use crate::api;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -39,7 +39,7 @@ const RETRY_STATUS: ErrorType = ErrorType::Custom("engine answered a retryable s
 /// [`attempt`]), or `None`: the failure is the answer.
 fn next_after(ctx: &mut Ctx, f: Failure) -> Option<Next> {
     let next = attempt::after_failure(ctx, ctx.plan.as_ref()?, f)?;
-    ctx.next = Some(next);
+    ctx.attempt.next = Some(next);
     Some(next)
 }
 
@@ -70,43 +70,19 @@ async fn dispatch_main(
     ctx: &mut Ctx,
     plan: &Plan,
 ) -> Result<Box<HttpPeer>> {
-    // A retry: the previous attempt failed to connect, or its upstream answered a retryable
-    // status, or reset the connection before answering; where it goes next was decided
-    // when it failed ([`attempt::after_failure`]).
-    let retried = ctx.response.retry_status.take();
-    ctx.response.answered = false;
-    let mut next = ctx.next.take();
-    if let Some(l) = ctx.main_leg().filter(|l| l.dispatched.is_some()) {
-        // A retry Pingora decided on its own: the same kind of upstream.
-        let same = match l.remote() {
-            Some(r) if r.entry.is_some() => Next::Entry,
-            Some(_) => Next::Member,
-            None => Next::Local,
-        };
-        next.get_or_insert(same);
-        complete::attempt_failed(shared, ctx, plan, retried);
-    }
     let headers = &session.req_header().headers;
+    if ctx.main_leg().is_some_and(|l| l.dispatched.is_some()) {
+        // A retry: the previous attempt failed before answering; where the request goes
+        // next was decided when it failed.
+        attempt::retry(shared, headers, ctx, plan).await?;
+    }
     loop {
-        if ctx.main_leg().is_none() {
-            let n = next.unwrap_or(Next::Local);
-            ctx.legs = attempt::next_legs(shared, headers, ctx, plan, n).await?;
-        }
         let peer = dispatch_legs(shared, ctx, plan)?;
         if ctx.legs.iter().any(|l| l.role == LegRole::Prefill) {
             // A disaggregated service: the prefill side first (vLLM: all of it).
             if let Err(f) = pd::dispatch(shared, session, ctx, plan).await {
-                let prefill = ctx.pd.as_ref().map(|a| a.prefill.id.clone());
-                let again = f
-                    .retryable()
-                    .then(|| attempt::after_failure(ctx, plan, Failure::Prefill))
-                    .flatten();
-                complete::attempt_failed(shared, ctx, plan, None);
-                if again.is_some() {
-                    next = again;
-                    continue;
-                }
-                return Err(gw_err(f.gateway_error(prefill.as_deref().unwrap_or("-"))));
+                attempt::prefill_failed(shared, headers, ctx, plan, f).await?;
+                continue;
             }
         }
         return Ok(peer);
@@ -117,10 +93,10 @@ async fn dispatch_main(
 /// prefix index learn the instance that computes the prompt (the prefill instance of a
 /// disaggregated service), and the main leg's peer is built.
 fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<HttpPeer>> {
-    ctx.attempts += 1;
+    ctx.attempt.count += 1;
     // This attempt's body: the planned one unless a leg rewrites it (below, and a
     // disaggregated pair's prefill fields in [`pd::dispatch`]).
-    ctx.sent = None;
+    ctx.attempt.sent = None;
     let now = now_ms();
     let at = Instant::now();
     let mut peer = None;
@@ -166,14 +142,14 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                 // The engine serves the service's name: rewrite `model` when the client named
                 // a route or fell back to the default model.
                 if l.service.name != plan.info.model {
-                    ctx.sent = ctx
+                    ctx.attempt.sent = ctx
                         .body
                         .as_ref()
                         .and_then(|b| api::rewrite_model(b, &l.service.name))
                         .map(Bytes::from);
                 }
                 if l.service.pd.is_none() {
-                    ctx.tried.push(l.instance.key);
+                    ctx.attempt.tried.push(l.instance.key);
                 }
                 peer = Some(match &l.instance.tls {
                     Some(t) => t.peer(l.instance.addr),
@@ -182,7 +158,7 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
             }
             To::Remote(r) => {
                 let e = r.endpoint.clone();
-                ctx.tried_members.push(e.name.clone());
+                ctx.attempt.tried_remote.push(e.name.clone());
                 let Some(addr) = e.addr() else {
                     return Err(gw_err(GatewayError::Unavailable(format!(
                         "{} ({}) does not resolve",
@@ -192,7 +168,7 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                 };
                 if let (Some(_), Some(m)) = (&r.entry, &r.model) {
                     // An external API: its own model name.
-                    ctx.sent = ctx
+                    ctx.attempt.sent = ctx
                         .body
                         .as_ref()
                         .and_then(|b| api::rewrite_model(b, m))

@@ -305,7 +305,7 @@ fn abort(http: &reqwest::Client, inst: &Arc<Instance>, rid: &str) {
 const ABORT_RETRY_MS: [u64; 5] = [0, 100, 200, 400, 800];
 
 /// Dispatches the prefill side of the current attempt (the decode is the main leg, sent by
-/// Pingora afterwards): sets the decode's body in `ctx.sent` and `ctx.pd`. `Err` when a
+/// Pingora afterwards): sets the decode's body in `ctx.attempt.sent` and `ctx.pd`. `Err` when a
 /// vLLM prefill failed (nothing was sent to the decode; the caller retries or answers).
 pub async fn dispatch(
     shared: &Shared,
@@ -362,7 +362,7 @@ pub async fn dispatch(
     match mode {
         PdMode::SglangMooncake => {
             let room = tokengate_plugins::rand::random::<u64>() & (i64::MAX as u64);
-            let rid = format!("{}-{}", ctx.request_id, ctx.attempts);
+            let rid = format!("{}-{}", ctx.request_id, ctx.attempt.count);
             let host = prefill.addr.ip().to_string();
             let body = with_fields(
                 &base,
@@ -378,7 +378,7 @@ pub async fn dispatch(
             )
             .map(Bytes::from)
             .unwrap_or(base);
-            ctx.sent = Some(body.clone());
+            ctx.attempt.sent = Some(body.clone());
             let task = tokio::spawn(sglang_prefill(
                 http.clone(),
                 url,
@@ -421,7 +421,7 @@ pub async fn dispatch(
                         // prefills it, as vLLM's proxy does.
                         None => base,
                     };
-                    ctx.sent = Some(body);
+                    ctx.attempt.sent = Some(body);
                     Ok(())
                 }
                 Err(f) => {
