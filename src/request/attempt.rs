@@ -16,7 +16,7 @@
 //! The failure hooks ([`super::dispatch`]) ask [`after_failure`] and keep its answer in the
 //! request's [`State`]; Pingora then calls `upstream_peer` again, where [`retry`] ends the
 //! failed attempt ([`super::complete::attempt_failed`]) and picks the next leg(s)
-//! ([`next_legs`]). A disaggregated pair whose prefill failed before the decode was sent
+//! (`next_legs`). A disaggregated pair whose prefill failed before the decode was sent
 //! goes the same way ([`prefill_failed`]).
 
 use super::slot::{self, Denied, Legs};

@@ -1,9 +1,10 @@
 //! Phase 3, **dispatch**: each leg to its engine, and its response observed as it streams.
 //!
-//! * [`peer`] (`upstream_peer`): on a retry the failed attempt's leg is completed and the
-//!   plan picks again without the instances already tried; the leg is then dispatched (the
-//!   scheduler learns it — a session binds —, the prompt goes into the service's prefix
-//!   index, the decision is counted and, at debug level, explained) and its `HttpPeer` built.
+//! * [`peer`] (`upstream_peer`): on a retry [`attempt::retry`] completes the failed attempt
+//!   and picks the next leg(s) (without the instances already tried); the leg is then
+//!   dispatched (the scheduler learns it — a session binds —, the prompt goes into the
+//!   service's prefix index, the decision is counted and, at debug level, explained) and its
+//!   `HttpPeer` built.
 //! * [`upstream_request`] / [`request_body`]: headers fixed for the engine, our copy of the
 //!   body sent whole on every attempt.
 //! * [`retry_on_status`], [`error_while_proxy`], [`fail_to_connect`]: an attempt that failed
