@@ -538,6 +538,19 @@ async fn local_failures_before_the_first_byte_fail_over_to_an_external_entry() {
         }
         assert_eq!(partner[0].stats().requests_finished, served, "{model}");
     }
+    // A body above 64 KiB (the big-body path) fails over the same way, as the partner's
+    // model.
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat_body("qwen-503", 300_000, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-tokengate-reason"], "failover(partner)");
+    r.bytes().await.unwrap();
+    assert_eq!(partner[0].stats().requests_finished, served + 1);
     // Both of our engines were tried before the partner.
     let log = gw.log_text();
     for id in ["a1", "a2"] {
@@ -552,7 +565,7 @@ async fn local_failures_before_the_first_byte_fail_over_to_an_external_entry() {
             &m,
             "tokengate_split_requests_total{entry=\"partner\",outcome=\"ok\"}"
         ),
-        Some(4.0),
+        Some(5.0),
         "{m}"
     );
     gw.wait_idle().await;
