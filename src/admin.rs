@@ -115,7 +115,11 @@ impl Admin {
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> http::Response<Vec<u8>> {
         let req = session.req_header();
-        if req.method != http::Method::GET {
+        // Tests only (`TOKENGATE_TEST_CLOCK=1`): `POST /admin/clock?advance_ms=N`.
+        let clock_hook = req.method == http::Method::POST
+            && req.uri.path() == "/admin/clock"
+            && crate::clock::adjustable();
+        if req.method != http::Method::GET && !clock_hook {
             return resp(
                 405,
                 "application/json",
@@ -198,6 +202,17 @@ impl ServeHttp for Admin {
                 resp(200, "application/json", body)
             }
             "/metrics" => resp(200, "text/plain; version=0.0.4", self.render_metrics()),
+            "/admin/clock" if clock_hook => {
+                let ms = crate::status::query_param(req.uri.query(), "advance_ms")
+                    .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok());
+                match ms {
+                    Some(ms) => {
+                        let now = crate::clock::advance(ms);
+                        resp(200, "application/json", format!("{{\"now_ms\":{now}}}").into_bytes())
+                    }
+                    None => resp(400, "application/json", br#"{"error":{"message":"advance_ms=<milliseconds> is required","type":"invalid_request_error","code":"bad_query"}}"#.to_vec()),
+                }
+            }
             "/admin/instances" => {
                 let rt = self.shared.runtime.load();
                 let mut v = rt.instances_json();

@@ -28,6 +28,7 @@ pub mod demo;
 pub mod engine_metrics;
 pub mod error;
 pub mod health;
+pub mod hook;
 pub mod load;
 pub mod logging;
 pub mod memory;

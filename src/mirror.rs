@@ -503,17 +503,7 @@ fn short_error(e: reqwest::Error) -> String {
 }
 
 /// The primary request's figures for the log line.
-#[derive(Debug, Clone, Default)]
-pub struct Primary {
-    pub instance: String,
-    /// 0: no response was written.
-    pub status: u16,
-    /// Arrival to the first token.
-    pub ttft: Option<Duration>,
-    /// Arrival to the last byte.
-    pub duration: Duration,
-    pub usage: Usage,
-}
+pub type Primary = crate::hook::Ended;
 
 /// The mirror's figures for the log line.
 struct Report {
@@ -621,6 +611,13 @@ impl Ticket {
         if let Some(pair) = self.0.take() {
             pair.put(Some(p), None);
         }
+    }
+}
+
+/// The mirror follows the primary request through its [`Ticket`].
+impl crate::hook::Follower for Ticket {
+    fn on_complete(self: Box<Self>, ended: &Primary) {
+        self.complete(ended.clone());
     }
 }
 

@@ -7,7 +7,7 @@
 
 use crate::bigbody;
 use crate::error::GatewayError;
-use crate::request::{self, admit, complete, dispatch, global, plan, slot, Ctx, Handoff};
+use crate::request::{self, admit, attempt, complete, dispatch, global, plan, Ctx, Handoff};
 use crate::shared::Shared;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -28,48 +28,52 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// The features that follow a planned request to its end ([`crate::hook`]). The traffic
+    /// mirror: a sampled copy of the request, queued for the background sender (nothing
+    /// here waits for it), and the mirror log line's primary half.
+    fn on_planned(
+        &self,
+        req: &RequestHeader,
+        plan: &request::Plan,
+        body: &Bytes,
+        followers: &mut Vec<Box<dyn crate::hook::Follower>>,
+    ) {
+        if let Some(m) = plan.runtime.mirror.as_ref() {
+            let ticket = self
+                .shared
+                .mirror
+                .offer(m, req, body, &plan.request_id, &plan.info.model);
+            if let Some(t) = ticket {
+                followers.push(Box::new(t));
+            }
+        }
+    }
+
     /// The main request: admit, plan, then proxy here or hand over to a subrequest.
     async fn main_request(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let rt = self.shared.runtime.load_full();
         let Some(admitted) = admit::admit(session, ctx, rt).await? else {
             return Ok(true);
         };
-        let planned = plan::plan(&self.shared, admitted, ctx.start, &ctx.request_id).await;
+        // Forwarded by another region's gateway: never forwarded again.
+        let hop = session
+            .req_header()
+            .headers
+            .contains_key(global::HOP_HEADER);
+        let planned = plan::plan(&self.shared, admitted, ctx.start, &ctx.request_id, hop).await;
         let (plan, body) = match planned {
             Ok(p) => p,
             Err(e) => return request::reject(session, ctx, e.status(), e).await,
         };
-        // Traffic mirroring: a sampled copy of the planned request, queued for the
-        // background sender; nothing here waits for it.
-        if let Some(m) = plan.runtime.mirror.as_ref() {
-            ctx.mirror = self.shared.mirror.offer(
-                m,
-                session.req_header(),
-                &body,
-                &plan.request_id,
-                &plan.info.model,
-            );
-        }
+        self.on_planned(session.req_header(), &plan, &body, &mut ctx.followers);
         // Admission to an instance: a throttling slot (reject, or wait in the queue); what
-        // this region cannot take may go to another region's gateway.
-        let legs = match slot::take(&self.shared, slot::Asker::Client(session), &plan, &[]).await? {
+        // this region cannot take may go to another region's gateway, or, with the split
+        // proxy's local entry set to fail over, to an external API ([`request::attempt`]).
+        let legs = match attempt::admit(&self.shared, session, &plan).await? {
             Ok(legs) => legs,
-            // ... or, with the split proxy's local entry set to fail over, to an external API.
-            Err(d) => match (d.overflow && !matches!(plan.dest, crate::runtime::Dest::Split(_)))
-                .then(|| {
-                    (!ctx.hop)
-                        .then(|| global::leg(&plan, &[]))
-                        .flatten()
-                        .or_else(|| request::split::from_local(&plan))
-                })
-                .flatten()
-            {
-                Some(leg) => vec![leg],
-                _ => {
-                    return request::reject_after(session, ctx, d.status, d.error, d.retry_after)
-                        .await;
-                }
-            },
+            Err(d) => {
+                return request::reject_after(session, ctx, d.status, d.error, d.retry_after).await;
+            }
         };
         if session.as_ref().retry_buffer_truncated() {
             // Pingora cannot replay this body from its retry buffer: run the proxy pipeline
@@ -83,8 +87,7 @@ impl Gateway {
                     body,
                     legs,
                     content_type,
-                    hop: ctx.hop,
-                    mirror: ctx.mirror.take(),
+                    followers: std::mem::take(&mut ctx.followers),
                 },
             )
             .await?;
@@ -129,8 +132,7 @@ impl ProxyHttp for Gateway {
             let id = h.plan.request_id.clone();
             ctx.set_request_id(Some(&id));
             ctx.api = Some(h.plan.api);
-            ctx.hop = h.hop;
-            ctx.mirror = h.mirror;
+            ctx.followers = h.followers;
             ctx.plan = Some(h.plan);
             ctx.body = Some(h.body);
             ctx.legs = h.legs;
@@ -143,11 +145,6 @@ impl ProxyHttp for Gateway {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         ctx.set_request_id(id.as_deref());
-        // Forwarded by another region's gateway: never forwarded again.
-        ctx.hop = session
-            .req_header()
-            .headers
-            .contains_key(global::HOP_HEADER);
         self.main_request(session, ctx).await
     }
 

@@ -16,8 +16,10 @@
 //!   passes the request to the first participating external entry not tried yet, in list
 //!   order. The local entry is never a failover target; with `failover: participate` it
 //!   sends what our services cannot take (no instance available, throttling rejects, the
-//!   queue is full) to the external entries. Once bytes reached the client there is no
-//!   failover: the response ends where the upstream stopped.
+//!   queue is full) or what failed on every attempt on our instances before the first
+//!   response byte (5xx, 429, connect error, timeout) to the external entries. Once bytes
+//!   reached the client there is no failover: the response ends where the upstream stopped.
+//!   Where a failed attempt goes next: [`crate::request::attempt`].
 //!
 //! Reasons: `split(<entry>)` for the chosen external entry, `failover(<entry>)` for one that
 //! took another's request.

@@ -471,7 +471,7 @@ async fn an_instance_cache_size_keeps_the_index_in_step_with_what_the_engine_evi
         ] {
             engine_cached(post(body).await).await;
             // The index orders entries by their last use in 100 ms ticks: a new tick.
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await; // ok-sleep: the index's clock must move on, no server is awaited
+            gw.advance_clock(250).await;
         }
         gw.wait_idle().await;
         let predicted = || async {
@@ -561,7 +561,7 @@ async fn least_cached_counts_what_a_cache_size_bound_forgot() {
         chat(&words("c", 470), "q", false),
     ] {
         // The index orders entries by their last use in 100 ms ticks: a new tick.
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await; // ok-sleep: the index's clock must move on, no server is awaited
+        gw.advance_clock(250).await;
         let (to, reason) = post(body, Some("s1")).await;
         assert_eq!(to, x, "{reason}");
     }

@@ -412,7 +412,7 @@ fn the_module_graph_of_the_gateway_is_a_dag() {
     assert!(g["request::plan"].contains("runtime"), "{g:#?}");
     assert!(g["proxy"].contains("request"), "{g:#?}");
     assert!(
-        g["request::dispatch"].contains("request::complete"),
+        g["request::attempt"].contains("request::complete"),
         "{g:#?}"
     );
     // A bare child path (`pd::Side` in request/mod.rs).

@@ -487,6 +487,90 @@ async fn engine_sims_play_the_external_apis() {
     gw.wait_idle().await;
 }
 
+/// The local entry with `failover: participate`: when every attempt on our own engines
+/// fails before the first response byte (each engine answers 503, or 429, or refuses the
+/// connection, or sends nothing within `timeouts.first_byte`), the request goes to the first
+/// participating external entry (an engine-sim playing the partner, as its own model).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_failures_before_the_first_byte_fail_over_to_an_external_entry() {
+    let e503 = sims(2, "qwen-503", "a", 100.0).await;
+    for s in &e503 {
+        s.update_faults(|f| {
+            f.error_rate = 1.0;
+            f.error_status = 503;
+        });
+    }
+    let e429 = sims(1, "qwen-429", "b", 100.0).await;
+    e429[0].update_faults(|f| f.rate_limit = true);
+    let slow = sims(1, "qwen-slow", "c", 100.0).await;
+    slow[0].update_faults(|f| f.first_byte_delay_ms = 3_000);
+    let partner = sims(1, "partner-m", "partner", 100.0).await;
+    let refused = dead_addr();
+    let gw = GatewayProc::start(&format!(
+        "timeouts: {{first_byte: 400ms, idle: 400ms}}\nhealth_check: {{interval: 1h}}\nservices:\n  - name: qwen-503\n{}  - name: qwen-429\n{}  - name: qwen-slow\n{}  - name: qwen-dead\n    instances:\n      - {{id: d1, addr: \"{refused}\"}}\nsplit:\n  proxies:\n    - {{local: true, weight: 1, failover: participate}}\n    - {{name: partner, address: \"http://{}/v1\", model: partner-m, weight: 0}}\n",
+        sim_instances(&e503),
+        sim_instances(&e429),
+        sim_instances(&slow),
+        partner[0].addr
+    ));
+    let c = reqwest::Client::new();
+    let mut served = 0;
+    for (model, stream) in [
+        ("qwen-503", false),
+        ("qwen-429", true),
+        ("qwen-dead", false),
+        ("qwen-slow", false),
+    ] {
+        let a = ask(
+            &c,
+            &gw,
+            "/v1/chat/completions",
+            &body(model, stream),
+            "echo",
+        )
+        .await;
+        served += 1;
+        assert_eq!(a.status, 200, "{model}: {}", a.text);
+        assert_eq!(a.reason, "failover(partner)", "{model}");
+        assert_eq!(a.instance, "partner", "{model}");
+        if stream {
+            assert!(a.text.trim_end().ends_with("data: [DONE]"), "{}", a.text);
+        }
+        assert_eq!(partner[0].stats().requests_finished, served, "{model}");
+    }
+    // A body above 64 KiB (the big-body path) fails over the same way, as the partner's
+    // model.
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat_body("qwen-503", 300_000, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-tokengate-reason"], "failover(partner)");
+    r.bytes().await.unwrap();
+    assert_eq!(partner[0].stats().requests_finished, served + 1);
+    // Both of our engines were tried before the partner.
+    let log = gw.log_text();
+    for id in ["a1", "a2"] {
+        assert!(
+            log.contains(&format!("instance {id} answered 503")),
+            "{log}"
+        );
+    }
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tokengate_split_requests_total{entry=\"partner\",outcome=\"ok\"}"
+        ),
+        Some(5.0),
+        "{m}"
+    );
+    gw.wait_idle().await;
+}
+
 #[test]
 fn bad_split_configs_name_their_yaml_path() {
     for (split, want) in [

@@ -32,13 +32,16 @@ impl Vllm {
             .port();
         let log = dir.join(format!("vllm-{port}.log"));
         let f = std::fs::File::create(&log).unwrap();
-        let child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/vllm/serve.sh"))
-            .args([port.to_string(), core.to_string()])
-            .process_group(0)
-            .stdout(Stdio::from(f.try_clone().unwrap()))
-            .stderr(Stdio::from(f))
-            .spawn()
-            .expect("scripts/vllm/serve.sh");
+        let child = Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/vllm/serve.sh"
+        ))
+        .args([port.to_string(), core.to_string()])
+        .process_group(0)
+        .stdout(Stdio::from(f.try_clone().unwrap()))
+        .stderr(Stdio::from(f))
+        .spawn()
+        .expect("scripts/vllm/serve.sh");
         Vllm { child, port, log }
     }
 
@@ -132,7 +135,9 @@ async fn chat(gw: &GatewayProc, user: &str) -> (String, u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_vllm_behind_the_gateway() {
     if std::env::var("TOKENGATE_VLLM").as_deref() != Ok("1") {
-        eprintln!("skipped: set TOKENGATE_VLLM=1 (after scripts/vllm/setup.sh) to run against real vLLM");
+        eprintln!(
+            "skipped: set TOKENGATE_VLLM=1 (after scripts/vllm/setup.sh) to run against real vLLM"
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -186,20 +191,34 @@ async fn real_vllm_behind_the_gateway() {
     let c = reqwest::Client::new();
     let r = c
         .post(layered.url("/v1/chat/completions"))
-        .json(&serde_json::json!({"model": "tiny", "max_tokens": 8, "stream": true,
+        .json(
+            &serde_json::json!({"model": "tiny", "max_tokens": 8, "stream": true,
             "stream_options": {"include_usage": true},
-            "messages": [{"role": "user", "content": "hello"}]}))
+            "messages": [{"role": "user", "content": "hello"}]}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
-    assert!(text.contains("\"usage\"") && text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(
+        text.contains("\"usage\"") && text.trim_end().ends_with("data: [DONE]"),
+        "{text}"
+    );
     for (path, body) in [
-        ("/v1/completions", serde_json::json!({"model": "tiny", "max_tokens": 8, "prompt": "hello"})),
-        ("/v1/messages", serde_json::json!({"model": "tiny", "max_tokens": 8,
-            "messages": [{"role": "user", "content": "hello"}]})),
-        ("/v1/responses", serde_json::json!({"model": "tiny", "max_output_tokens": 8, "input": "hello"})),
+        (
+            "/v1/completions",
+            serde_json::json!({"model": "tiny", "max_tokens": 8, "prompt": "hello"}),
+        ),
+        (
+            "/v1/messages",
+            serde_json::json!({"model": "tiny", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hello"}]}),
+        ),
+        (
+            "/v1/responses",
+            serde_json::json!({"model": "tiny", "max_output_tokens": 8, "input": "hello"}),
+        ),
     ] {
         let r = c.post(layered.url(path)).json(&body).send().await.unwrap();
         let status = r.status();
@@ -211,15 +230,20 @@ async fn real_vllm_behind_the_gateway() {
     // engine_metrics reads vLLM's own figures: its KV cache size from vllm:cache_config_info.
     eventually("the engines' cache size", || async {
         let v = layered.instances().await;
-        v["instances"][0]["engine"]["cache_tokens"].as_u64().unwrap_or(0) > 0
+        v["instances"][0]["engine"]["cache_tokens"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
     })
     .await;
 
     // A client that hangs up mid-stream: vLLM stops working on it.
     let r = c
         .post(layered.url("/v1/chat/completions"))
-        .json(&serde_json::json!({"model": "tiny", "max_tokens": 3000, "stream": true,
-            "ignore_eos": true, "messages": [{"role": "user", "content": "go on"}]}))
+        .json(
+            &serde_json::json!({"model": "tiny", "max_tokens": 3000, "stream": true,
+            "ignore_eos": true, "messages": [{"role": "user", "content": "go on"}]}),
+        )
         .send()
         .await
         .unwrap();

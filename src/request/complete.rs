@@ -61,7 +61,7 @@ pub fn attempt_failed(shared: &Shared, ctx: &mut Ctx, plan: &Plan, retried_statu
     let mut pd = ctx.pd.take();
     let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
     if let Some(a) = pd.as_mut() {
-        ctx.tried.push(a.blamed());
+        ctx.attempt.tried.push(a.blamed());
         if !prefill_failed {
             a.abort_prefill();
         }
@@ -336,14 +336,17 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         .with_label_values(&[model, metric_instance, code.as_str()])
         .inc();
     let dur = ctx.start.elapsed();
-    if let Some(t) = ctx.mirror.take() {
-        t.complete(crate::mirror::Primary {
+    if !ctx.followers.is_empty() {
+        let ended = crate::hook::Ended {
             instance: instance.to_string(),
             status,
             ttft: ctx.response.ttft,
             duration: dur,
             usage: u,
-        });
+        };
+        for f in ctx.followers.drain(..) {
+            f.on_complete(&ended);
+        }
     }
     if ctx.plan.is_some() {
         m.duration

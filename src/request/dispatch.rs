@@ -1,19 +1,22 @@
 //! Phase 3, **dispatch**: each leg to its engine, and its response observed as it streams.
 //!
-//! * [`peer`] (`upstream_peer`): on a retry the failed attempt's leg is completed and the
-//!   plan picks again without the instances already tried; the leg is then dispatched (the
-//!   scheduler learns it — a session binds —, the prompt goes into the service's prefix
-//!   index, the decision is counted and, at debug level, explained) and its `HttpPeer` built.
+//! * [`peer`] (`upstream_peer`): on a retry [`attempt::retry`] completes the failed attempt
+//!   and picks the next leg(s) (without the instances already tried); the leg is then
+//!   dispatched (the scheduler learns it — a session binds —, the prompt goes into the
+//!   service's prefix index, the decision is counted and, at debug level, explained) and its
+//!   `HttpPeer` built.
 //! * [`upstream_request`] / [`request_body`]: headers fixed for the engine, our copy of the
 //!   body sent whole on every attempt.
-//! * [`retry_on_status`], [`error_while_proxy`], [`fail_to_connect`]: what is retried on
-//!   another instance (before any response byte reached the client: a refused or reset
-//!   connection, a retryable status such as 503/429), at most [`MAX_ATTEMPTS`].
+//! * [`retry_on_status`], [`error_while_proxy`], [`fail_to_connect`]: an attempt that failed
+//!   before any response byte reached the client (a refused or reset connection, a
+//!   retryable status such as 503/429, a timeout) goes on where [`attempt::after_failure`]
+//!   says: another instance, the next split-proxy entry or member gateway.
 //! * [`response_header`] / [`response_body`]: the routing headers; the **first token** (the
 //!   first SSE event carrying output, or the end of a non-stream body) ends the leg's prefill
 //!   phase and gives the TTFT; the usage is read from the JSON body or the SSE events.
 
-use super::{complete, global, pd, slot, split, Ctx, LegRole, Plan, To};
+use super::attempt::{self, gw_err, Failure, Next};
+use super::{global, pd, Ctx, LegRole, Plan, To};
 use crate::api;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -30,43 +33,23 @@ use pingora::ErrorType;
 use std::time::{Duration, Instant};
 use tokengate_plugins::RequestView;
 
-/// Attempts per request (first try + retries to other instances after a connect failure,
-/// a reset before the answer, or a retryable status, `passive_health.retry_on_status`).
-pub const MAX_ATTEMPTS: usize = 3;
 /// The error an attempt ends with when the engine answered a retryable status.
 const RETRY_STATUS: ErrorType = ErrorType::Custom("engine answered a retryable status");
 
-/// A Pingora error that `fail_to_proxy` turns into this gateway error.
-pub fn gw_err(e: GatewayError) -> Box<Error> {
-    Error::explain(ErrorType::HTTPStatus(e.status()), e.to_string())
+/// Records where the request goes after the current attempt failed with `f` (see
+/// [`attempt`]), or `None`: the failure is the answer.
+fn next_after(ctx: &mut Ctx, f: Failure) -> Option<Next> {
+    let next = attempt::after_failure(ctx, ctx.plan.as_ref()?, f)?;
+    ctx.attempt.next = Some(next);
+    Some(next)
 }
 
-/// Whether another attempt is allowed: attempts left and an untried available instance (or,
-/// for a request sent to another region, another member gateway). A disaggregated service's
-/// failed pair blames one of its instances (see [`super::pd`]): the other one may be used
-/// again.
-pub fn can_retry(ctx: &Ctx) -> bool {
-    ctx.plan.as_ref().is_some_and(|p| can_retry_plan(ctx, p))
-}
-
-/// [`can_retry`] while the plan is out of the context (during dispatch).
-fn can_retry_plan(ctx: &Ctx, p: &Plan) -> bool {
-    if let Some(r) = ctx.main_leg().and_then(|l| l.remote()) {
-        return match &r.entry {
-            Some(e) => split::has_next(p, e, &ctx.tried_members),
-            None => global::has_next(p, &ctx.tried_members),
-        };
-    }
-    if ctx.attempts >= MAX_ATTEMPTS {
-        return false;
-    }
-    match ctx.pd.as_ref() {
-        Some(a) => {
-            let mut excluded = ctx.tried.clone();
-            excluded.push(a.blamed());
-            p.dest.has_untried(&excluded)
-        }
-        None => p.dest.has_untried(&ctx.tried),
+/// How the log says where a failed attempt's request goes.
+fn going(next: Next) -> &'static str {
+    match next {
+        Next::Local => "retrying on another instance",
+        Next::Entry => "failing over to the next split.proxies entry",
+        Next::Member => "trying the next member gateway",
     }
 }
 
@@ -88,71 +71,19 @@ async fn dispatch_main(
     ctx: &mut Ctx,
     plan: &Plan,
 ) -> Result<Box<HttpPeer>> {
-    // A retry: the previous attempt failed to connect, or its upstream answered a retryable
-    // status, or reset the connection before answering.
-    let retried = ctx.response.retry_status.take();
-    ctx.response.answered = false;
-    // The failed attempt's remote leg: `Some(true)` a split-proxy entry, `Some(false)` a
-    // member gateway.
-    let mut was_remote = None;
-    if let Some(l) = ctx.main_leg().filter(|l| l.dispatched.is_some()) {
-        was_remote = l.remote().map(|r| r.entry.is_some());
-        complete::attempt_failed(shared, ctx, plan, retried);
+    let headers = &session.req_header().headers;
+    if ctx.main_leg().is_some_and(|l| l.dispatched.is_some()) {
+        // A retry: the previous attempt failed before answering; where the request goes
+        // next was decided when it failed.
+        attempt::retry(shared, headers, ctx, plan).await?;
     }
     loop {
-        if ctx.main_leg().is_none() {
-            let legs = if was_remote == Some(true) {
-                // The next split-proxy entry that takes part in failover.
-                match split::next(plan, &ctx.tried_members) {
-                    Some(l) => vec![l],
-                    None => {
-                        return Err(gw_err(GatewayError::BadGateway(format!(
-                            "no split.proxies entry could take the request ({} tried: {})",
-                            ctx.tried_members.len(),
-                            ctx.tried_members.join(", ")
-                        ))))
-                    }
-                }
-            } else if was_remote == Some(false) {
-                // The next member gateway.
-                match global::leg(plan, &ctx.tried_members) {
-                    Some(l) => vec![l],
-                    None => {
-                        return Err(gw_err(GatewayError::Unavailable(format!(
-                            "no gateway of another region took the request ({} tried)",
-                            ctx.tried_members.len()
-                        ))))
-                    }
-                }
-            } else {
-                if ctx.attempts >= MAX_ATTEMPTS {
-                    return Err(gw_err(GatewayError::BadGateway(format!(
-                        "{} attempts to reach an instance of {:?} failed",
-                        ctx.attempts,
-                        plan.dest.name()
-                    ))));
-                }
-                // A retry re-takes a slot (the failed attempt gave its slot back), waiting in
-                // the queue in queue mode.
-                let asker = slot::Asker::Headers(&session.req_header().headers);
-                match slot::take(shared, asker, plan, &ctx.tried).await? {
-                    Ok(legs) => legs,
-                    Err(d) => return Err(gw_err(d.error)),
-                }
-            };
-            ctx.legs = legs;
-        }
         let peer = dispatch_legs(shared, ctx, plan)?;
         if ctx.legs.iter().any(|l| l.role == LegRole::Prefill) {
             // A disaggregated service: the prefill side first (vLLM: all of it).
             if let Err(f) = pd::dispatch(shared, session, ctx, plan).await {
-                let prefill = ctx.pd.as_ref().map(|a| a.prefill.id.clone());
-                if f.retryable() && can_retry_plan(ctx, plan) {
-                    complete::attempt_failed(shared, ctx, plan, None);
-                    continue;
-                }
-                complete::attempt_failed(shared, ctx, plan, None);
-                return Err(gw_err(f.gateway_error(prefill.as_deref().unwrap_or("-"))));
+                attempt::prefill_failed(shared, headers, ctx, plan, f).await?;
+                continue;
             }
         }
         return Ok(peer);
@@ -163,11 +94,13 @@ async fn dispatch_main(
 /// prefix index learn the instance that computes the prompt (the prefill instance of a
 /// disaggregated service), and the main leg's peer is built.
 fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<HttpPeer>> {
-    ctx.attempts += 1;
+    ctx.attempt.count += 1;
+    // This attempt's body: the planned one unless a leg rewrites it (below, and a
+    // disaggregated pair's prefill fields in [`pd::dispatch`]).
+    ctx.attempt.sent = None;
     let now = now_ms();
     let at = Instant::now();
     let mut peer = None;
-    let mut rewritten = None;
     for leg in ctx.legs.iter_mut() {
         if leg.role == LegRole::Main {
             leg.dispatched = Some(at);
@@ -208,16 +141,16 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                     continue;
                 }
                 // The engine serves the service's name: rewrite `model` when the client named
-                // a route or fell back to the default model (once: a disaggregated service
-                // keeps the rewritten body for its retries).
-                if l.service.name != plan.info.model && ctx.pd_base.is_none() {
-                    rewritten = ctx
+                // a route or fell back to the default model.
+                if l.service.name != plan.info.model {
+                    ctx.attempt.sent = ctx
                         .body
                         .as_ref()
-                        .and_then(|b| api::rewrite_model(b, &l.service.name));
+                        .and_then(|b| api::rewrite_model(b, &l.service.name))
+                        .map(Bytes::from);
                 }
                 if l.service.pd.is_none() {
-                    ctx.tried.push(l.instance.key);
+                    ctx.attempt.tried.push(l.instance.key);
                 }
                 peer = Some(match &l.instance.tls {
                     Some(t) => t.peer(l.instance.addr),
@@ -226,7 +159,7 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
             }
             To::Remote(r) => {
                 let e = r.endpoint.clone();
-                ctx.tried_members.push(e.name.clone());
+                ctx.attempt.tried_remote.push(e.name.clone());
                 let Some(addr) = e.addr() else {
                     return Err(gw_err(GatewayError::Unavailable(format!(
                         "{} ({}) does not resolve",
@@ -234,25 +167,17 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                         e.origin()
                     ))));
                 };
-                if r.entry.is_some() {
-                    // An external API: its own model name, from the client's body (kept for
-                    // the next entry of a failover).
-                    let base = ctx
-                        .remote_base
-                        .get_or_insert_with(|| ctx.body.clone().unwrap_or_default());
-                    ctx.body = Some(match &r.model {
-                        Some(m) => api::rewrite_model(base, m)
-                            .map(Bytes::from)
-                            .unwrap_or_else(|| base.clone()),
-                        None => base.clone(),
-                    });
+                if let (Some(_), Some(m)) = (&r.entry, &r.model) {
+                    // An external API: its own model name.
+                    ctx.attempt.sent = ctx
+                        .body
+                        .as_ref()
+                        .and_then(|b| api::rewrite_model(b, m))
+                        .map(Bytes::from);
                 }
                 peer = Some(e.peer(addr));
             }
         }
-    }
-    if let Some(b) = rewritten {
-        ctx.body = Some(Bytes::from(b));
     }
     let Some(mut peer) = peer else {
         return Err(Error::explain(ErrorType::InternalError, "no leg"));
@@ -266,13 +191,15 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
     Ok(Box::new(peer))
 }
 
-/// `fail_to_connect`: retry on another instance when one is left.
+/// `fail_to_connect`: retry on another instance (or the next entry, member) when one is
+/// left.
 pub fn fail_to_connect(ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
-    if can_retry(ctx) {
+    if let Some(next) = next_after(ctx, Failure::Connect) {
         warn!(
-            "request {}: connect to {} failed ({e}); retrying on another instance",
+            "request {}: connect to {} failed ({e}); {}",
             ctx.request_id,
-            ctx.instance_id()
+            ctx.instance_id(),
+            going(next)
         );
         e.set_retry(true);
     }
@@ -300,10 +227,18 @@ pub async fn retry_on_status(resp: &ResponseHeader, ctx: &mut Ctx) -> Result<()>
             .as_ref()
             .and_then(|a| a.side.failure().map(|f| (f, a.prefill.id.clone())));
         if let Some((f, prefill)) = failed {
-            if ctx.local_status.is_none() && f.retryable() && can_retry(ctx) {
+            let next = (ctx.local_status.is_none() && f.retryable())
+                .then(|| next_after(ctx, Failure::Prefill))
+                .flatten();
+            if let Some(next) = next {
                 warn!(
-                    "request {}: prefill instance {prefill} failed ({}); retrying with a new pair",
-                    ctx.request_id, f.message
+                    "request {}: prefill instance {prefill} failed ({}); {}",
+                    ctx.request_id,
+                    f.message,
+                    match next {
+                        Next::Local => "retrying with a new pair",
+                        n => going(n),
+                    }
                 );
                 ctx.response.retry_status = Some(status);
                 let mut e =
@@ -314,42 +249,34 @@ pub async fn retry_on_status(resp: &ResponseHeader, ctx: &mut Ctx) -> Result<()>
             return Err(gw_err(f.gateway_error(&prefill)));
         }
     }
-    let remote = ctx.main_leg().and_then(|l| l.remote());
-    let retryable = if let Some(r) = remote {
-        if r.entry.is_some() {
-            split::fails_over_on(status)
-        } else {
-            global::REFUSALS.contains(&status)
+    if ctx.local_status.is_none() {
+        if let Some(next) = next_after(ctx, Failure::Status(status)) {
+            warn!(
+                "request {}: instance {} answered {status}; {}",
+                ctx.request_id,
+                ctx.instance_id(),
+                going(next)
+            );
+            ctx.response.retry_status = Some(status);
+            let mut e = Error::explain(
+                RETRY_STATUS,
+                format!("instance {} answered {status}", ctx.instance_id()),
+            );
+            e.set_retry(true);
+            return Err(e.into_up());
         }
-    } else {
-        ctx.plan
-            .as_ref()
-            .is_some_and(|p| p.runtime.passive.retry_on_status.contains(&status))
-    };
-    if retryable && ctx.local_status.is_none() && can_retry(ctx) {
-        warn!(
-            "request {}: instance {} answered {status}; retrying on another instance",
-            ctx.request_id,
-            ctx.instance_id()
-        );
-        ctx.response.retry_status = Some(status);
-        let mut e = Error::explain(
-            RETRY_STATUS,
-            format!("instance {} answered {status}", ctx.instance_id()),
-        );
-        e.set_retry(true);
-        return Err(e.into_up());
     }
     ctx.response.answered = true;
     Ok(())
 }
 
 /// `error_while_proxy`: Pingora's default never retries a POST once connected. Here an
-/// attempt is retried on another instance when the engine answered a retryable status
-/// ([`retry_on_status`]), or when its connection was closed or reset before it answered
-/// anything (an engine refusing work, a stale pooled connection): nothing reached the client
-/// and the body is replayed from our own copy, whatever its size. Timeouts are not retried
-/// (they would multiply the wait). Anything else: Pingora's default.
+/// attempt that failed before any byte reached the client goes on where [`attempt`] says:
+/// the engine answered a retryable status ([`retry_on_status`]), its connection was closed
+/// or reset before it answered anything (an engine refusing work, a stale pooled
+/// connection), or (not retried on our own instances: it would multiply the wait) it timed
+/// out; the body is replayed from our own copy, whatever its size. Anything else: Pingora's
+/// default.
 pub fn error_while_proxy(
     peer: &HttpPeer,
     session: &mut Session,
@@ -363,46 +290,38 @@ pub fn error_while_proxy(
     } else {
         e.more_context(format!("Peer: {peer}"))
     };
-    let reset_before_answer = !ctx.response.answered
-        && e.esource() == &pingora::ErrorSource::Upstream
-        && matches!(
-            e.etype(),
-            ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
-        )
-        && session.response_written().is_none();
-    // A split-proxy entry that failed before answering (a timeout too) passes the request
-    // to the next entry.
-    let external_failed = !ctx.response.answered
-        && session.response_written().is_none()
-        && ctx
-            .main_leg()
-            .and_then(|l| l.remote())
-            .is_some_and(|r| r.entry.is_some());
     if ctx.response.retry_status.is_some() && e.etype() == &RETRY_STATUS {
         e.set_retry(true);
-    } else if external_failed && can_retry(ctx) {
-        warn!(
-            "request {}: split.proxies entry {} failed before answering ({e}); failing over",
-            ctx.request_id,
-            ctx.instance_id()
-        );
-        ctx.response.retry_status = None;
-        e.set_retry(true);
-    } else if reset_before_answer && can_retry(ctx) {
-        warn!(
-            "request {}: instance {} closed the connection before answering ({e}); retrying on another instance",
-            ctx.request_id,
-            ctx.instance_id()
-        );
-        ctx.response.retry_status = None;
-        e.set_retry(true);
-    } else {
-        ctx.response.retry_status = None;
-        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
-        {
-            e.set_retry(false);
-        } else {
-            e.retry.decide_reuse(client_reused);
+        return e;
+    }
+    ctx.response.retry_status = None;
+    let before_answer = !ctx.response.answered && session.response_written().is_none();
+    let upstream = e.esource() == &pingora::ErrorSource::Upstream;
+    let failure = match e.etype() {
+        ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError if upstream => {
+            Failure::Reset
+        }
+        ErrorType::ReadTimedout | ErrorType::WriteTimedout if upstream => Failure::Timeout,
+        _ => Failure::Other,
+    };
+    match before_answer.then(|| next_after(ctx, failure)).flatten() {
+        Some(next) => {
+            warn!(
+                "request {}: {} failed before answering ({e}); {}",
+                ctx.request_id,
+                ctx.instance_id(),
+                going(next)
+            );
+            e.set_retry(true);
+        }
+        None => {
+            if !session.req_header().method.is_idempotent()
+                || session.as_ref().retry_buffer_truncated()
+            {
+                e.set_retry(false);
+            } else {
+                e.retry.decide_reuse(client_reused);
+            }
         }
     }
     e
@@ -410,7 +329,7 @@ pub fn error_while_proxy(
 
 /// `upstream_request_filter`: headers for the engine.
 pub fn upstream_request(up: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
-    let len = ctx.body.as_ref().map_or(0, Bytes::len);
+    let len = ctx.upstream_body().map_or(0, Bytes::len);
     up.remove_header("transfer-encoding");
     up.remove_header("expect");
     up.insert_header(http::header::CONTENT_LENGTH, HeaderValue::from(len))?;
@@ -484,7 +403,7 @@ pub fn upstream_request(up: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
 /// once per attempt.
 pub fn request_body(body: &mut Option<Bytes>, end_of_stream: bool, ctx: &Ctx) {
     if end_of_stream {
-        *body = ctx.body.clone().filter(|b| !b.is_empty());
+        *body = ctx.upstream_body().filter(|b| !b.is_empty()).cloned();
     } else {
         *body = None;
     }

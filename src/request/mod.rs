@@ -6,13 +6,19 @@
 //! | **admit** | [`admit`] | `request_filter` | local endpoints, head limits, method, auth, the body read (bounded, timed) and parsed |
 //! | **plan** | [`plan`] | `request_filter` | model → service or route, the decision service, the prompt's blocks, picking the instance(s): a [`Leg`] per upstream, each holding its own load guard |
 //! | **dispatch** | [`dispatch`] | `upstream_peer` … `response_body_filter` | each leg to its engine (peer, headers, body), retries to another instance, the response observed as it streams: first token, usage |
-//! | **complete** | [`complete`] | `logging` | each leg's outcome into the load table, passive health, the scheduler (session) and the prefix index; metrics; the access-log line |
+//! | **complete** | [`complete`] | `logging` | each leg's outcome into the load table, passive health, the scheduler (session) and the prefix index; metrics; the access-log line; the request's followers ([`crate::hook`]) |
+//!
+//! Between them, [`attempt`] is the request's state machine: the first attempt's legs (a
+//! throttling slot, or where a refusal goes), and after an attempt that failed before the
+//! first response byte, where the next one goes — another of our instances, the next
+//! split-proxy entry, the next member gateway — for every kind of leg, in one place.
 //!
 //! Bodies above Pingora's 64 KiB retry buffer go through the same phases: the main request
 //! admits and plans, then hands the plan and its legs to a subrequest ([`crate::bigbody`])
 //! whose hooks dispatch and complete.
 
 pub mod admit;
+pub mod attempt;
 pub mod complete;
 pub mod dispatch;
 pub mod global;
@@ -20,6 +26,7 @@ pub mod pd;
 pub mod plan;
 pub mod slot;
 pub mod split;
+pub mod tries;
 
 use crate::api::{Api, RequestInfo};
 use crate::load::LoadGuard;
@@ -33,7 +40,7 @@ use pingora::proxy::Session;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokengate_plugins::{Candidate, InstanceKey, SessionKey};
+use tokengate_plugins::{Candidate, SessionKey};
 
 /// A planned request: what every attempt and every leg needs.
 pub struct Plan {
@@ -52,6 +59,8 @@ pub struct Plan {
     pub strip_usage: bool,
     /// Forward the client's Authorization / x-api-key headers (gateway auth disabled).
     pub forward_auth: bool,
+    /// The request came from another region's gateway: it is never forwarded again.
+    pub hop: bool,
 }
 
 /// Which scheduler chose a leg (to tell it how the request ended).
@@ -247,24 +256,14 @@ pub struct Ctx {
     pub request_id_header: Option<HeaderValue>,
     pub api: Option<Api>,
     pub plan: Option<Plan>,
-    /// The body sent upstream (the client's bytes, or a rewrite).
+    /// The planned upstream body (the client's bytes, or the plan's rewrite).
     pub body: Option<Bytes>,
     /// The current attempt's legs (the main leg first).
     pub legs: Vec<Leg>,
-    /// Instances not to try again (tried, or blamed for a failed attempt).
-    pub tried: Vec<InstanceKey>,
-    /// Attempts dispatched so far.
-    pub attempts: usize,
+    /// The attempts so far: how many, what was tried, where the next one goes.
+    pub attempt: tries::State,
     /// A disaggregated service: the current attempt's pair and its prefill's progress.
     pub pd: Option<pd::Attempt>,
-    /// A disaggregated service: the body before the per-attempt fields (kept for retries).
-    pub pd_base: Option<Bytes>,
-    /// Member gateways (global scheduling) or split-proxy entries already tried.
-    pub tried_members: Vec<String>,
-    /// The body before a remote leg's model rewrite (kept for the next failover leg).
-    pub remote_base: Option<Bytes>,
-    /// The request came from another region's gateway: it is never forwarded again.
-    pub hop: bool,
     /// The reason of the last dispatched main leg (kept for the access log after it ends).
     pub reason: Cow<'static, str>,
     pub response: ResponseState,
@@ -274,9 +273,9 @@ pub struct Ctx {
     pub local_status: Option<u16>,
     pub local_error: Option<String>,
     pub deadline_hit: bool,
-    /// The primary's half of the mirror log line, when this request was mirrored with
-    /// `mirror.log` on.
-    pub mirror: Option<crate::mirror::Ticket>,
+    /// Features following the request from its plan to its end ([`crate::hook`]: the
+    /// traffic mirror's log line).
+    pub followers: Vec<Box<dyn crate::hook::Follower>>,
 }
 
 impl Ctx {
@@ -289,21 +288,21 @@ impl Ctx {
             plan: None,
             body: None,
             legs: Vec::new(),
-            tried: Vec::new(),
-            attempts: 0,
+            attempt: tries::State::default(),
             pd: None,
-            pd_base: None,
-            tried_members: Vec::new(),
-            remote_base: None,
-            hop: false,
             reason: Cow::Borrowed(""),
             response: ResponseState::default(),
             delegated: false,
             local_status: None,
             local_error: None,
             deadline_hit: false,
-            mirror: None,
+            followers: Vec::new(),
         }
+    }
+
+    /// The body the current attempt sends.
+    pub fn upstream_body(&self) -> Option<&Bytes> {
+        self.attempt.sent.as_ref().or(self.body.as_ref())
     }
 
     /// The main leg of the current attempt.
@@ -350,10 +349,8 @@ pub struct Handoff {
     /// The client's `Content-Type` (the subrequest session drops body headers; the body
     /// itself comes from `body` on every attempt, see [`crate::bigbody`]).
     pub content_type: Option<HeaderValue>,
-    /// The request came from another region's gateway.
-    pub hop: bool,
-    /// The mirror log line's primary half (completed by the subrequest).
-    pub mirror: Option<crate::mirror::Ticket>,
+    /// The request's followers (told by the subrequest how it ended).
+    pub followers: Vec<Box<dyn crate::hook::Follower>>,
 }
 
 /// A fresh request id: 32 hex digits, a random per-process prefix and a counter (unique,

@@ -305,7 +305,7 @@ fn abort(http: &reqwest::Client, inst: &Arc<Instance>, rid: &str) {
 const ABORT_RETRY_MS: [u64; 5] = [0, 100, 200, 400, 800];
 
 /// Dispatches the prefill side of the current attempt (the decode is the main leg, sent by
-/// Pingora afterwards): sets the decode's body in `ctx.body` and `ctx.pd`. `Err` when a
+/// Pingora afterwards): sets the decode's body in `ctx.attempt.sent` and `ctx.pd`. `Err` when a
 /// vLLM prefill failed (nothing was sent to the decode; the caller retries or answers).
 pub async fn dispatch(
     shared: &Shared,
@@ -345,10 +345,7 @@ pub async fn dispatch(
     };
     l.guard = Guard::Shared(side.clone());
     // The body both sides start from: the client's (its model rewritten), kept for retries.
-    let base = ctx
-        .pd_base
-        .get_or_insert_with(|| ctx.body.clone().unwrap_or_default())
-        .clone();
+    let base = ctx.upstream_body().cloned().unwrap_or_default();
     let path = session
         .req_header()
         .uri
@@ -365,7 +362,7 @@ pub async fn dispatch(
     match mode {
         PdMode::SglangMooncake => {
             let room = tokengate_plugins::rand::random::<u64>() & (i64::MAX as u64);
-            let rid = format!("{}-{}", ctx.request_id, ctx.attempts);
+            let rid = format!("{}-{}", ctx.request_id, ctx.attempt.count);
             let host = prefill.addr.ip().to_string();
             let body = with_fields(
                 &base,
@@ -381,7 +378,7 @@ pub async fn dispatch(
             )
             .map(Bytes::from)
             .unwrap_or(base);
-            ctx.body = Some(body.clone());
+            ctx.attempt.sent = Some(body.clone());
             let task = tokio::spawn(sglang_prefill(
                 http.clone(),
                 url,
@@ -424,7 +421,7 @@ pub async fn dispatch(
                         // prefills it, as vLLM's proxy does.
                         None => base,
                     };
-                    ctx.body = Some(body);
+                    ctx.attempt.sent = Some(body);
                     Ok(())
                 }
                 Err(f) => {

@@ -53,6 +53,7 @@ pub async fn plan(
     a: Admitted,
     start: Instant,
     request_id: &str,
+    hop: bool,
 ) -> Result<(Plan, Bytes), GatewayError> {
     let Admitted {
         api,
@@ -105,6 +106,7 @@ pub async fn plan(
         request_id: request_id.to_string(),
         blocks,
         strip_usage,
+        hop,
     };
     Ok((plan, upstream_body))
 }

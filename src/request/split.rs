@@ -69,14 +69,35 @@ pub fn has_next(plan: &Plan, e: &Entry, tried: &[String]) -> bool {
             .is_some_and(|sp| sp.failover(tried, now_ms()).is_some())
 }
 
-/// What our services could not take (no instance, throttled, queue full) goes to the
-/// external entries when the local entry has `failover: participate`.
-pub fn from_local(plan: &Plan) -> Option<Leg> {
-    let sp = plan.runtime.split.as_ref()?;
-    if !sp.local().failover {
+/// Whether a request whose chosen entry is the local one may still go to an external
+/// entry: the local entry has `failover: participate` and a participating external entry
+/// not in `tried` is available. What our services could not take (no instance, throttled,
+/// the queue full) or failed before the first response byte goes there.
+pub fn after_local(plan: &Plan, tried: &[String]) -> bool {
+    local_participates(plan)
+        && plan
+            .runtime
+            .split
+            .as_ref()
+            .is_some_and(|sp| sp.failover(tried, now_ms()).is_some())
+}
+
+/// The failover leg of a request whose chosen entry is the local one (see [`after_local`]).
+pub fn next_after_local(plan: &Plan, tried: &[String]) -> Option<Leg> {
+    if !local_participates(plan) {
         return None;
     }
-    next(plan, &[])
+    next(plan, tried)
+}
+
+/// The request was given to the local entry, and that entry takes part in failover.
+fn local_participates(plan: &Plan) -> bool {
+    !matches!(plan.dest, crate::runtime::Dest::Split(_))
+        && plan
+            .runtime
+            .split
+            .as_ref()
+            .is_some_and(|sp| sp.local().failover)
 }
 
 /// Statuses of an external entry that pass the request on (before any byte reached the

@@ -52,6 +52,8 @@ impl GatewayProc {
                 "RUST_LOG",
                 std::env::var("TG_TEST_LOG").unwrap_or("info".into()),
             )
+            // Lets a test move the gateway's clock forward (`advance_clock`).
+            .env("TOKENGATE_TEST_CLOCK", "1")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(logf))
@@ -110,6 +112,17 @@ impl GatewayProc {
 
     pub(crate) fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.admin, path)
+    }
+
+    /// Moves the gateway's clock forward by `ms` (`POST /admin/clock`): time passes for the
+    /// prefix index, health and the scheduler's clocks without sleeping.
+    pub(crate) async fn advance_clock(&self, ms: u64) {
+        let r = reqwest::Client::new()
+            .post(self.admin_url(&format!("/admin/clock?advance_ms={ms}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     }
 
     pub(crate) fn log_text(&self) -> String {
