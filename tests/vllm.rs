@@ -176,6 +176,7 @@ async fn real_vllm_behind_the_gateway() {
         v["prefix_indexes"][0]["trims"], v["prefix_indexes"][0]["trimmed_blocks"]
     );
 
+    eprintln!("vllm test: round-robin");
     // Round-robin: the same prompt alternates, so each instance computes it once.
     v1.reset_cache().await;
     v2.reset_cache().await;
@@ -187,6 +188,7 @@ async fn real_vllm_behind_the_gateway() {
     assert_eq!((rrs[0].2, rrs[1].2), (0, 0), "{rrs:?}");
     assert!(rrs[2].2 > 0 && rrs[3].2 > 0, "{rrs:?}");
 
+    eprintln!("vllm test: round-robin {rrs:?}; the APIs");
     // Every API through the gateway, streamed and not, with usage.
     let c = reqwest::Client::new();
     let r = c
@@ -205,6 +207,7 @@ async fn real_vllm_behind_the_gateway() {
         text.contains("\"usage\"") && text.trim_end().ends_with("data: [DONE]"),
         "{text}"
     );
+    eprintln!("vllm test: stream ok");
     for (path, body) in [
         (
             "/v1/completions",
@@ -220,6 +223,7 @@ async fn real_vllm_behind_the_gateway() {
             serde_json::json!({"model": "tiny", "max_output_tokens": 8, "input": "hello"}),
         ),
     ] {
+        eprintln!("vllm test: {path}");
         let r = c.post(layered.url(path)).json(&body).send().await.unwrap();
         let status = r.status();
         let v: serde_json::Value = r.json().await.unwrap();
@@ -227,6 +231,7 @@ async fn real_vllm_behind_the_gateway() {
         assert!(v["usage"].is_object(), "{path}: {v}");
     }
 
+    eprintln!("vllm test: engine metrics");
     // engine_metrics reads vLLM's own figures: its KV cache size from vllm:cache_config_info.
     eventually("the engines' cache size", || async {
         let v = layered.instances().await;
@@ -237,6 +242,7 @@ async fn real_vllm_behind_the_gateway() {
     })
     .await;
 
+    eprintln!("vllm test: a client hanging up");
     // A client that hangs up mid-stream: vLLM stops working on it.
     let r = c
         .post(layered.url("/v1/chat/completions"))
