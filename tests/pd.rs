@@ -360,7 +360,7 @@ async fn a_dead_decode_instance_is_retried_with_a_fresh_room() {
     let dead = dead_addr();
     let bp = p.bootstrap_addr().unwrap().port();
     let gw = GatewayProc::start(&format!(
-        "passive_health: {{max_failures: 100}}\nhealth_check: {{interval: 1h}}\nservices:\n  - name: m\n    load_balancing: round-robin\n    pd: {{mode: sglang-mooncake, decode_policy: round-robin}}\n    instances:\n      - {{id: p1, addr: \"{}\", role: prefill, bootstrap_port: {bp}}}\n      - {{id: d1, addr: \"{dead}\", role: decode}}\n      - {{id: d2, addr: \"{}\", role: decode}}\n",
+        "passive_health: {{max_failures: 100}}\nhealth_check: {{enabled: false}}\nservices:\n  - name: m\n    load_balancing: round-robin\n    pd: {{mode: sglang-mooncake, decode_policy: round-robin}}\n    instances:\n      - {{id: p1, addr: \"{}\", role: prefill, bootstrap_port: {bp}}}\n      - {{id: d1, addr: \"{dead}\", role: decode}}\n      - {{id: d2, addr: \"{}\", role: decode}}\n",
         p.addr, d.addr
     ));
     let c = reqwest::Client::new();
