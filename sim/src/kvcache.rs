@@ -27,20 +27,32 @@ pub const BYTES_PER_TOKEN: usize = 4;
 /// Number of tokens of a rendered prompt: 4 bytes per token, the last partial
 /// chunk counts as one token, at least one token.
 pub fn token_count(bytes: &[u8]) -> usize {
-    bytes.len().div_ceil(BYTES_PER_TOKEN).max(1)
+    token_count_at(bytes, BYTES_PER_TOKEN as f64)
+}
+
+/// [`token_count`] with `bytes_per_token` bytes per token (`--bytes-per-token`: an
+/// engine whose tokenizer counts differently from the gateway's 4-byte estimate).
+pub fn token_count_at(bytes: &[u8], bytes_per_token: f64) -> usize {
+    ((bytes.len() as f64 / bytes_per_token).ceil() as usize).max(1)
 }
 
 /// Chained hashes of the full blocks of `bytes` (`block_size` tokens each).
 pub fn block_hashes(bytes: &[u8], block_size: usize) -> Vec<u64> {
-    let tokens = token_count(bytes);
+    block_hashes_at(bytes, block_size, BYTES_PER_TOKEN as f64)
+}
+
+/// [`block_hashes`] with `bytes_per_token` bytes per token: block `i` covers the bytes
+/// of tokens `i × block_size ..` rounded to whole bytes.
+pub fn block_hashes_at(bytes: &[u8], block_size: usize, bytes_per_token: f64) -> Vec<u64> {
+    let tokens = token_count_at(bytes, bytes_per_token);
     let full = tokens / block_size;
-    let block_bytes = block_size * BYTES_PER_TOKEN;
+    let edge = |i: usize| ((i * block_size) as f64 * bytes_per_token).round() as usize;
     let mut out = Vec::with_capacity(full);
     let mut prev = 0u64;
     for i in 0..full {
-        let start = i * block_bytes;
-        let end = ((i + 1) * block_bytes).min(bytes.len());
-        let chunk = if start < bytes.len() {
+        let start = edge(i);
+        let end = edge(i + 1).min(bytes.len());
+        let chunk = if start < end {
             &bytes[start..end]
         } else {
             &[][..]

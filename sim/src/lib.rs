@@ -122,6 +122,8 @@ pub struct SimConfig {
     pub model: String,
     /// Tokens per KV block (vLLM's `--block-size`).
     pub block_size: usize,
+    /// Prompt bytes per token of the engine's tokenizer (the gateway estimates 4).
+    pub bytes_per_token: f64,
     /// KV cache capacity in blocks.
     pub kv_blocks: usize,
     /// Prefix cache size in tokens: at most this many tokens of blocks no running
@@ -178,6 +180,7 @@ impl Default for SimConfig {
             id: "engine-sim".into(),
             model: "sim-model".into(),
             block_size: 16,
+            bytes_per_token: 4.0,
             kv_blocks: 65536,
             cache_tokens: 0,
             max_running: 64,
@@ -204,6 +207,9 @@ impl Default for SimConfig {
 impl SimConfig {
     fn validate(&self) -> io::Result<()> {
         let bad = |m: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, m.to_string()));
+        if !(self.bytes_per_token >= 0.5 && self.bytes_per_token <= 64.0) {
+            return bad("bytes_per_token must be between 0.5 and 64");
+        }
         if self.block_size == 0 || self.kv_blocks == 0 || self.max_running == 0 {
             return bad("block_size, kv_blocks and max_running must be > 0");
         }
@@ -248,6 +254,11 @@ pub struct SimArgs {
     /// Tokens per KV-cache block
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// Prompt bytes per token of the simulated tokenizer. The gateway estimates 4; another
+    /// value (e.g. 3.4 or 4.6, ±15 %) makes the engine count tokens differently from it,
+    /// as a real tokenizer does
+    #[arg(long, default_value_t = 4.0)]
+    pub bytes_per_token: f64,
     /// KV-cache capacity in blocks
     #[arg(long, default_value_t = 65536)]
     pub kv_blocks: usize,
@@ -323,6 +334,7 @@ impl SimArgs {
             id: self.id.unwrap_or_else(|| self.listen.to_string()),
             model: self.model,
             block_size: self.block_size,
+            bytes_per_token: self.bytes_per_token,
             kv_blocks: self.kv_blocks,
             cache_tokens: self.cache_tokens,
             max_running: self.max_running,

@@ -24,7 +24,7 @@ use crate::abort::{Aborts, Target, Ticket};
 use crate::api::{self, Api, Meta, StreamFmt};
 use crate::decision;
 use crate::engine::{Engine, Ev, Submit, Usage};
-use crate::kvcache::{block_hashes, token_count};
+use crate::kvcache::{block_hashes_at, token_count_at};
 use crate::pd::{self, DecodeReq, KvInfo, Plan, PrefillJob, Registry};
 use crate::task::AbortOnDrop;
 use crate::{Faults, Role, SimConfig};
@@ -514,7 +514,7 @@ async fn inference(
         Ok(p) => p,
         Err(e) => return Ok(error_response(Some(api), 400, &e)),
     };
-    let prompt_tokens = token_count(&parsed.prompt);
+    let prompt_tokens = token_count_at(&parsed.prompt, cfg.bytes_per_token);
     // Decision mode: the answer is a target name; its length sets the output
     // (cut by max_tokens like a real model), x-sim-output-tokens is ignored.
     let answer = if cfg.decision_mode {
@@ -563,7 +563,7 @@ async fn inference(
             ),
         ));
     }
-    let hashes = block_hashes(&parsed.prompt, cfg.block_size);
+    let hashes = block_hashes_at(&parsed.prompt, cfg.block_size, cfg.bytes_per_token);
     let prompt_hash = xxhash_rust::xxh3::xxh3_64(&parsed.prompt);
     let seed = hashes.first().copied().unwrap_or(prompt_hash);
     let n = shared.ids.fetch_add(1, Ordering::Relaxed);
