@@ -102,6 +102,20 @@ pub fn cache_tokens(text: &str) -> Option<u64> {
     sglang
 }
 
+/// The engine's KV block size in tokens, when its metrics say: vLLM's
+/// `vllm:cache_config_info{block_size="…"}`. (SGLang's page size is not on its `/metrics`;
+/// its cached-token counts teach it, see [`EngineSignals::block_tokens`].)
+pub fn block_tokens(text: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let line = line.trim();
+        let rest = line.strip_prefix("vllm:cache_config_info{")?;
+        let labels = &rest[..closing_brace(&line["vllm:cache_config_info".len()..])? - 1];
+        label(labels, "block_size")
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|b| *b > 0)
+    })
+}
+
 /// The value of label `name` in a label set `a="x",b="y"` (no escapes inside the value).
 fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
     let mut rest = labels;
@@ -144,6 +158,11 @@ pub struct EngineSignals {
     failures: AtomicU32,
     /// The engine's KV cache size in tokens from its metrics ([`cache_tokens`]); 0 = unknown.
     cache_tokens: AtomicU64,
+    /// The engine's KV block size in tokens from its metrics ([`block_tokens`]); 0 = unknown.
+    reported_block: AtomicU64,
+    /// The greatest common divisor of the cached-token counts it reported
+    /// ([`tokengate_plugins::calibrate::learn_block`]); 0 = none yet.
+    learned_block: AtomicU64,
 }
 
 impl EngineSignals {
@@ -164,6 +183,33 @@ impl EngineSignals {
     /// The engine's KV cache size in tokens, when a scrape said.
     pub fn cache_tokens(&self) -> Option<u64> {
         Some(self.cache_tokens.load(Relaxed)).filter(|t| *t > 0)
+    }
+
+    /// The KV block size read from a scrape.
+    pub fn store_block_tokens(&self, tokens: u64) {
+        self.reported_block.store(tokens, Relaxed);
+    }
+
+    /// Learns the block size from one cached-token count the engine reported.
+    pub fn observe_cached(&self, cached: u64) {
+        let _ = self.learned_block.fetch_update(Relaxed, Relaxed, |b| {
+            Some(tokengate_plugins::calibrate::learn_block(b, cached))
+        });
+    }
+
+    /// The size of the blocks the engine caches in: from its metrics, else learned from its
+    /// cached-token counts, at most
+    /// [`MAX_LEARNED_BLOCK`](tokengate_plugins::calibrate::MAX_LEARNED_BLOCK) (the first
+    /// reports are multiples of the block: until they differ, the correction is lenient).
+    pub fn block_tokens(&self) -> Option<u64> {
+        use tokengate_plugins::calibrate::MAX_LEARNED_BLOCK;
+        Some(self.reported_block.load(Relaxed))
+            .filter(|b| *b > 0)
+            .or_else(|| {
+                Some(self.learned_block.load(Relaxed))
+                    .filter(|b| *b > 0)
+                    .map(|b| b.min(MAX_LEARNED_BLOCK))
+            })
     }
 
     pub fn failed(&self) {
@@ -193,6 +239,7 @@ impl EngineSignals {
             "age_ms": (at > 0).then(|| now_ms.saturating_sub(at)),
             "consecutive_failures": self.failures.load(Relaxed),
             "cache_tokens": self.cache_tokens(),
+            "block_tokens": self.block_tokens(),
         })
     }
 }
@@ -200,6 +247,19 @@ impl EngineSignals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_block_size_from_metrics_before_the_learned_one() {
+        let e = EngineSignals::default();
+        assert_eq!(e.block_tokens(), None);
+        e.observe_cached(896);
+        // One report of 7 blocks: a multiple of the block, capped.
+        assert_eq!(e.block_tokens(), Some(128));
+        e.observe_cached(96);
+        assert_eq!(e.block_tokens(), Some(32));
+        e.store_block_tokens(16);
+        assert_eq!(e.block_tokens(), Some(16));
+    }
 
     /// From a vLLM 0.9 server (trimmed).
     const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -261,12 +321,15 @@ sglang:gen_throughput{model_name="meta-llama/Llama-3.1-8B-Instruct",dp_rank="0"}
              vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_cpu_blocks=\"None\",num_gpu_blocks=\"27153\"}} 1.0\n"
         );
         assert_eq!(cache_tokens(&v), Some(16 * 27153));
+        assert_eq!(block_tokens(&v), Some(16));
+        assert_eq!(block_tokens(VLLM), None);
         // SGLang: one pool per data-parallel rank.
         let s = format!(
             "{SGLANG}sglang:max_total_num_tokens{{model_name=\"m\",dp_rank=\"0\"}} 500000.0\n\
              sglang:max_total_num_tokens{{model_name=\"m\",dp_rank=\"1\"}} 500000.0\n"
         );
         assert_eq!(cache_tokens(&s), Some(1_000_000));
+        assert_eq!(block_tokens(&s), None);
         // Not there, or not usable.
         assert_eq!(cache_tokens(VLLM), None);
         assert_eq!(

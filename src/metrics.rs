@@ -257,7 +257,7 @@ impl Metrics {
         let engine_tokens = IntCounterVec::new(
             Opts::new(
                 "tokengate_prefix_engine_tokens_total",
-                "The same requests as the engines reported them (requests with usage), by service: prompt and cached tokens",
+                "The same requests as the engines reported them (requests with usage), by service: prompt and cached tokens, and the index's prediction for them in the engines' units (kind=predicted: its match scaled to the engine's token count and rounded down to its block size)",
             ),
             &["service", "kind"],
         )
@@ -265,7 +265,7 @@ impl Metrics {
         let hit_ratio = prometheus::GaugeVec::new(
             Opts::new(
                 "tokengate_prefix_hit_ratio",
-                "Cached share of prompt tokens per service: ceiling (best instance for every request), predicted (chosen instance, by the index), engine (reported cached_tokens)",
+                "Cached share of prompt tokens per service: ceiling (best instance for every request), predicted (chosen instance, by the index), engine (reported cached_tokens), engine_predicted (the index's prediction over the same requests as engine, in the engine's units)",
             ),
             &["service", "kind"],
         )
@@ -488,6 +488,7 @@ impl Metrics {
             prefix_predicted: p("predicted"),
             engine_prompt: e("prompt"),
             engine_cached: e("cached"),
+            engine_predicted: e("predicted"),
         }
     }
 
@@ -506,6 +507,9 @@ impl Metrics {
             self.hit_ratio
                 .with_label_values(&[svc, "engine"])
                 .set(if ep > 0.0 { ec / ep } else { 0.0 });
+            self.hit_ratio
+                .with_label_values(&[svc, "engine_predicted"])
+                .set(if ep > 0.0 { e("predicted") / ep } else { 0.0 });
         }
     }
 
@@ -528,6 +532,7 @@ pub struct ServiceCounters {
     pub prefix_predicted: IntCounter,
     pub engine_prompt: IntCounter,
     pub engine_cached: IntCounter,
+    pub engine_predicted: IntCounter,
 }
 
 impl std::fmt::Debug for ServiceCounters {

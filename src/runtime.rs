@@ -59,6 +59,8 @@ pub struct Instance {
     pub config_cache_tokens: Option<u64>,
     /// `engine_metrics.cache_size`: without `cache_tokens`, the engine's reported size counts.
     pub engine_cache_size: bool,
+    /// `cache_block_tokens` as configured.
+    pub config_block_tokens: Option<u64>,
     /// `http[s]://host:port` as configured (side requests, health checks, metric scrapes).
     pub origin: String,
     /// `host:port` as configured: the `Host` header sent to the engine.
@@ -103,6 +105,15 @@ impl Instance {
                     .flatten()
             })
             .filter(|t| *t > 0)
+    }
+
+    /// The tokens per block the engine caches in: `cache_block_tokens`, else what its metrics
+    /// or its cached-token counts said ([`EngineSignals::block_tokens`]), else 1.
+    pub fn engine_block_tokens(&self) -> u64 {
+        self.config_block_tokens
+            .or_else(|| self.engine.block_tokens())
+            .unwrap_or(1)
+            .max(1)
     }
 
     /// The URL of `path` on the instance: its configured origin when it is `https://` (TLS
@@ -601,6 +612,7 @@ impl Runtime {
                     tls: target.tls.then(|| Arc::new(svc_tls.with_sni(&target.host))),
                     engine_cache_size: s.engine_metrics.as_ref().is_some_and(|e| e.cache_size),
                     config_cache_tokens: i.cache_tokens,
+                    config_block_tokens: i.cache_block_tokens,
                     config_cache_blocks: i
                         .cache_tokens
                         .map(|t| t / cfg.prefix_index.block_size.max(1) as u64),
@@ -889,6 +901,7 @@ impl Runtime {
                     "placed_blocks": s.index.placed_blocks(i.key),
                     "cache_blocks": i.cache_blocks(self.block_tokens),
                     "cache_tokens": i.cache_tokens(),
+                    "cache_block_tokens": i.engine_block_tokens(),
                     "slots": i.throttle.as_ref().map(|_| match i.role {
                         // A decode node's slots: its requests from dispatch to completion.
                         Role::Decode => serde_json::json!({

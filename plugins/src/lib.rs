@@ -18,10 +18,12 @@
 //! * [`hash`] — instance / session keys, chained prompt block hashes.
 //! * [`session`] — the session table (affinity state).
 //! * [`prefix`] — the prefix index (which instance holds which prompt prefix).
+//! * [`calibrate`] — the index's prediction in an engine's units (its block size, its tokenizer).
 //! * [`route`] — splitting a route's traffic between its targets.
 //! * [`decision`] — the decision record and its one-line explanation.
 
 pub mod balance;
+pub mod calibrate;
 pub mod candidate;
 pub mod cost;
 pub mod decision;

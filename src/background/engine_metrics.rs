@@ -3,7 +3,7 @@
 //! again every round, so a reload applies.
 
 use crate::clock::{now_ms, sleep_or_stop};
-use crate::engine_metrics::{cache_tokens, parse};
+use crate::engine_metrics::{block_tokens, cache_tokens, parse};
 use crate::shared::Shared;
 use log::debug;
 use std::collections::HashMap;
@@ -46,6 +46,9 @@ pub async fn run(shared: Arc<Shared>, mut stop: pingora::server::ShutdownWatch) 
                     .flatten();
                     if let Some(t) = got.as_deref().and_then(cache_tokens) {
                         i.engine.store_cache_tokens(t);
+                    }
+                    if let Some(b) = got.as_deref().and_then(block_tokens) {
+                        i.engine.store_block_tokens(b);
                     }
                     match got.as_deref().and_then(parse) {
                         Some(l) => i.engine.store(l, now_ms()),

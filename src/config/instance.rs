@@ -32,6 +32,12 @@ pub struct InstanceConfig {
     /// instance's least recently used entries leave the index, as the engine evicts them.
     #[serde(default)]
     pub cache_tokens: Option<u64>,
+    /// The tokens per block the engine caches in (vLLM's `--block-size`: 16 on GPU, 128 on
+    /// CPU; SGLang's `--page-size`). Absent: read from `vllm:cache_config_info` when the
+    /// service scrapes `engine_metrics`, else learned from the cached-token counts the engine
+    /// reports. The prefix index's self-correction allows for this rounding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_block_tokens: Option<u64>,
 }
 
 /// An instance's part in a prefill/decode-disaggregated service.
@@ -77,6 +83,11 @@ impl InstanceConfig {
             if let Err(e) = k.check() {
                 errs.push(format!("{p}.api_key: {e}"));
             }
+        }
+        if inst.cache_block_tokens == Some(0) {
+            errs.push(format!(
+                "{p}.cache_block_tokens: must be at least 1 (the engine's KV block size in tokens, e.g. 16)"
+            ));
         }
         if let Some(t) = inst.cache_tokens {
             let block = block_size.max(1) as u64;

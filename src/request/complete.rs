@@ -142,18 +142,22 @@ fn learn(
             );
         }
     }
-    // Self-correction: the engine's cached tokens in the index's blocks (scaled by the
-    // index's prompt size over the engine's, so tokenizers that count differently agree).
+    // Self-correction, in the engine's units (its block size, its token count): the index
+    // forgets what the engine reported it no longer holds, beyond the rounding of its blocks
+    // (`tokengate_plugins::calibrate`).
     if let (Some(prompt), Some(cached)) = (u.prompt, u.cached) {
-        let blocks = plan.blocks.len() as u64;
-        if prompt > 0 && blocks > 0 {
-            let had = ((cached as f64) * (blocks as f64) / (prompt as f64)).round() as u64;
-            let predicted = u64::from(leg.prefix.matched);
-            if had + 1 < predicted {
-                let idx = &leg.service.index;
-                idx.trim(&plan.blocks, leg.instance.key, had as usize);
-                idx.insert(&plan.blocks, leg.instance.key, now);
-            }
+        leg.instance.engine.observe_cached(cached);
+        let c = tokengate_plugins::calibrate::check(
+            plan.blocks.len(),
+            leg.prefix.matched,
+            prompt,
+            cached,
+            leg.instance.engine_block_tokens(),
+        );
+        if let Some(keep) = c.trim_to {
+            let idx = &leg.service.index;
+            idx.trim(&plan.blocks, leg.instance.key, keep);
+            idx.insert(&plan.blocks, leg.instance.key, now);
         }
     }
 }
@@ -292,6 +296,16 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 if let (Some(prompt), Some(cached)) = (u.prompt, u.cached) {
                     c.engine_prompt.inc_by(prompt);
                     c.engine_cached.inc_by(cached);
+                    // The index's prediction for the same request in the engine's units.
+                    let expected = tokengate_plugins::calibrate::check(
+                        plan.blocks.len(),
+                        l.prefix.matched,
+                        prompt,
+                        cached,
+                        l.instance.engine_block_tokens(),
+                    )
+                    .expected;
+                    c.engine_predicted.inc_by(expected);
                 }
                 if let Some(p) = u.prompt {
                     c.tokens_prompt.inc_by(p);

@@ -299,6 +299,7 @@ fn prefix_counters(shared: &Shared) -> Vec<(String, PrefixCounters)> {
                     p("predicted"),
                     e("prompt"),
                     e("cached"),
+                    e("predicted"),
                 ],
             )
         })
@@ -393,7 +394,7 @@ pub fn status_json(shared: &Shared) -> Value {
             let c = counters
                 .iter()
                 .find(|(n, _)| *n == s.name)
-                .map_or([0; 5], |(_, c)| *c);
+                .map_or([0; 6], |(_, c)| *c);
             let available = s
                 .instances
                 .iter()
@@ -434,6 +435,9 @@ pub fn status_json(shared: &Shared) -> Value {
                     "ceiling": ratio(c[1], c[0]),
                     "predicted": ratio(c[2], c[0]),
                     "engine": ratio(c[4], c[3]),
+                    // the index's prediction for the requests `engine` counts, in the
+                    // engines' units: compare it with `engine`
+                    "engine_predicted": ratio(c[5], c[3]),
                 },
                 "tokens": {"prompt": tok("prompt"), "completion": tok("completion"), "cached": tok("cached")},
             })

@@ -203,9 +203,9 @@ impl Reservoir {
 }
 
 /// Per service, the cumulative prefix counters at a point (tokens): prompt (index
-/// estimate), ceiling, predicted, engine prompt, engine cached. The page computes hit
-/// ratios over any window from two points.
-pub type PrefixCounters = [u64; 5];
+/// estimate), ceiling, predicted, engine prompt, engine cached, the index's prediction in
+/// the engines' units. The page computes hit ratios over any window from two points.
+pub type PrefixCounters = [u64; 6];
 
 /// One sampled point of the history.
 #[derive(Debug, Clone, serde::Serialize)]

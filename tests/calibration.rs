@@ -1,0 +1,145 @@
+//! The prefix index calibrated to the engines (issue 33), through the real binary: engines
+//! that cache 128-token blocks and count tokens ±15 % differently from the gateway's
+//! estimate. On engines that evict nothing the index is never corrected and its prediction,
+//! in the engines' units, is within 5 points of what they report; an engine that really
+//! evicted (`/reset_prefix_cache`) is corrected, and the next request is cached again.
+
+mod common;
+
+use common::*;
+
+fn words(tag: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{tag}{i} ")).collect()
+}
+
+fn chat(system: &str, user: &str) -> serde_json::Value {
+    serde_json::json!({"model": "m", "max_tokens": 2,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+}
+
+/// `(instance, prompt tokens, cached tokens)` of one answered request.
+async fn send(
+    c: &reqwest::Client,
+    gw: &GatewayProc,
+    body: &serde_json::Value,
+) -> (String, u64, u64) {
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let inst = r.headers()["x-tokengate-instance"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let v: serde_json::Value = r.json().await.unwrap();
+    let u = &v["usage"];
+    (
+        inst,
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+    )
+}
+
+fn engine_tokens(metrics: &str, kind: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("tokengate_prefix_engine_tokens_total{{kind=\"{kind}\",service=\"m\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_is_corrected_only_when_an_engine_really_evicted() {
+    // Two engines with 128-token blocks; one counts 15 % more tokens than the gateway's
+    // estimate, the other 15 % fewer.
+    let mut fleet = Vec::new();
+    for (i, bytes_per_token) in [(1, 3.4), (2, 4.6)] {
+        fleet.push(
+            engine_sim::spawn_local(engine_sim::SimConfig {
+                id: format!("e{i}"),
+                model: "m".into(),
+                block_size: 128,
+                bytes_per_token,
+                time_scale: 20.0,
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    scheduler: {{mode: layered}}\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    // Four tenants with system prompts of ~600 to ~1,500 tokens, 25 questions each,
+    // interleaved.
+    let systems: Vec<String> = (0..4)
+        .map(|t| words(&format!("t{t}x"), 150 + 120 * t))
+        .collect();
+    let mut homes = vec![String::new(); 4];
+    for q in 0..25 {
+        for (t, system) in systems.iter().enumerate() {
+            let (inst, prompt, cached) =
+                send(&c, &gw, &chat(system, &format!("question {q}"))).await;
+            assert!(prompt > 0);
+            if q == 0 {
+                homes[t] = inst;
+            } else {
+                assert_eq!(
+                    inst, homes[t],
+                    "tenant {t} left its instance at question {q}"
+                );
+                assert!(cached > 0, "tenant {t} question {q}: nothing cached");
+            }
+        }
+    }
+    gw.wait_idle().await;
+    let v = gw.instances().await;
+    let index = &v["prefix_indexes"][0];
+    assert_eq!(
+        index["trims"], 0,
+        "a healthy engine's reports trimmed the index: {v:#}"
+    );
+    // The block size was learned from the engines' cached-token counts.
+    for i in v["instances"].as_array().unwrap() {
+        assert_eq!(i["cache_block_tokens"], 128, "{i}");
+    }
+    let m = gw.metrics().await;
+    let (prompt, cached, predicted) = (
+        engine_tokens(&m, "prompt"),
+        engine_tokens(&m, "cached"),
+        engine_tokens(&m, "predicted"),
+    );
+    let (engine_ratio, predicted_ratio) = (cached / prompt, predicted / prompt);
+    eprintln!("engine hit ratio {engine_ratio:.3}, predicted {predicted_ratio:.3}");
+    assert!(
+        (engine_ratio - predicted_ratio).abs() <= 0.05,
+        "engine {engine_ratio:.3} vs predicted {predicted_ratio:.3}"
+    );
+
+    // The largest tenant's engine drops its cache: the index is corrected once, then the
+    // next question is routed there again and cached.
+    let home = fleet.iter().find(|s| s.id() == homes[3]).unwrap();
+    let r = c
+        .post(format!("http://{}/reset_prefix_cache", home.addr))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let (_, _, cached) = send(&c, &gw, &chat(&systems[3], "after the reset")).await;
+    assert_eq!(cached, 0);
+    gw.wait_idle().await;
+    let v = gw.instances().await;
+    assert_eq!(v["prefix_indexes"][0]["trims"], 1, "{v:#}");
+    let (inst, _, cached) = send(&c, &gw, &chat(&systems[3], "and again")).await;
+    assert_eq!(inst, homes[3]);
+    assert!(cached > 0);
+    gw.wait_idle().await;
+    assert_eq!(gw.instances().await["prefix_indexes"][0]["trims"], 1);
+}
