@@ -627,3 +627,41 @@ fn colliding_aliases_are_config_errors() {
     assert_eq!(c.services[0].aliases, ["a2"]);
     assert_eq!(c.routes[0].aliases, ["r2"]);
 }
+
+/// A Kubernetes Secret mounted as files is updated by a symlink swap (`keys` →
+/// `..data/keys`, `..data` → a new directory): the watcher watches the `*_file` secrets, so
+/// the rotated key applies without a restart or SIGHUP, and the old one stops working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_secret_file_applies_without_a_restart() {
+    let engines = sims(1, "m", "e", 50.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let old = format!("sk-old-{}", uuid_like());
+    let new = format!("sk-new-{}", uuid_like());
+    std::fs::create_dir(d.join("..v1")).unwrap();
+    std::fs::write(d.join("..v1/keys"), format!("{old}\n")).unwrap();
+    std::os::unix::fs::symlink("..v1", d.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/keys", d.join("keys")).unwrap();
+    let yaml = format!(
+        "api_keys_file: {}\nservices:\n  - name: m\n{}",
+        d.join("keys").display(),
+        sim_instances(&engines)
+    );
+    let g = GatewayProc::start(&yaml);
+    let c = reqwest::Client::new();
+    assert_eq!(status(&c, &g, Some(&old)).await, 200);
+    assert_eq!(status(&c, &g, Some(&new)).await, 401);
+    // The kubelet's update: the new files in a new directory, then `..data` renamed over.
+    std::fs::create_dir(d.join("..v2")).unwrap();
+    std::fs::write(d.join("..v2/keys"), format!("{new}\n")).unwrap();
+    std::os::unix::fs::symlink("..v2", d.join("..data_tmp")).unwrap();
+    std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+    eventually("the rotated key to be accepted", || async {
+        status(&c, &g, Some(&new)).await == 200
+    })
+    .await;
+    assert_eq!(status(&c, &g, Some(&old)).await, 401);
+    let log = g.log_text();
+    assert!(log.contains("keys changed: reloading"), "{log}");
+    assert!(!log.contains(&old) && !log.contains(&new), "{log}");
+}
