@@ -49,19 +49,25 @@ impl Rename {
         if self.carry.is_empty() && memmem::find(chunk, b"\"m").is_none() && !ends_in_key(chunk) {
             return None;
         }
-        let mut buf = std::mem::take(&mut self.carry);
-        buf.extend_from_slice(chunk);
-        let mut out = Vec::with_capacity(buf.len() + 16);
+        let carried = !self.carry.is_empty();
+        let joined;
+        let buf: &[u8] = if carried {
+            joined = [std::mem::take(&mut self.carry).as_slice(), chunk].concat();
+            &joined
+        } else {
+            chunk
+        };
+        let mut out = Vec::new();
         let mut from = 0;
-        let keep = match self.scan(&buf, &mut out, &mut from) {
+        let keep = match self.scan(buf, &mut out, &mut from) {
             Scan::Partial(at) => at,
             Scan::Done => buf.len() - ends_in_key_len(&buf[from..]),
         };
+        if !carried && from == 0 && keep == buf.len() {
+            return None; // nothing renamed, nothing held back
+        }
         out.extend_from_slice(&buf[from..keep]);
         self.carry = buf[keep..].to_vec();
-        if out == chunk {
-            return None;
-        }
         Some(Bytes::from(out))
     }
 
