@@ -11,10 +11,10 @@
 //! is complete when it appears and applies at the next check. The files the config's
 //! `*_file` secrets name are watched the same way (a Kubernetes Secret mounted as files is
 //! updated by a symlink swap: a rotated key applies within a check, without a restart).
-//! `reload.watch: false` turns the watcher off; SIGHUP always reloads at once. A reload that removes authentication
-//! (`api_keys`, `admin_token`) or more than half of a service's instances is applied and
-//! logged as a warning naming it. Reading and building run on a blocking thread, off the
-//! proxy's async workers.
+//! `reload.watch: false` turns the watcher off; SIGHUP always reloads at once. A reload
+//! that removes authentication (`api_keys`, `admin_token`) or more than half of a service's
+//! instances is applied and logged as a warning naming it. Reading and building run on a
+//! blocking thread, off the proxy's async workers.
 //!
 //! Requests in flight keep the state they started with; instances that still exist (same
 //! id and address) keep their load counters and health, services that still exist keep
