@@ -284,9 +284,28 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Returns the body with `model` replaced (a full JSON round trip; only used on the rare
-/// fallback path, e.g. `default_model`).
+/// Returns the body with its top-level `model` replaced (a served name, an alias's service,
+/// a route's target, the default model). The value is spliced in place: every other byte
+/// stays as the client sent it, and nothing but the top level is built; a body whose model
+/// cannot be found that way (no `model`, a duplicate key) takes a full JSON round trip.
 pub fn rewrite_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
+    #[derive(Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow, default)]
+        model: Option<&'a RawValue>,
+    }
+    if let Ok(Top { model: Some(raw) }) = serde_json::from_slice::<Top>(body) {
+        let raw = raw.get().as_bytes();
+        let at = (raw.as_ptr() as usize).checked_sub(body.as_ptr() as usize);
+        if let Some(at) = at.filter(|&at| body.get(at..at + raw.len()) == Some(raw)) {
+            let new = serde_json::to_vec(model).ok()?;
+            let mut out = Vec::with_capacity(body.len() + new.len());
+            out.extend_from_slice(&body[..at]);
+            out.extend_from_slice(&new);
+            out.extend_from_slice(&body[at + raw.len()..]);
+            return Some(out);
+        }
+    }
     let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
     v.as_object_mut()?
         .insert("model".into(), serde_json::Value::String(model.into()));
@@ -471,5 +490,15 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["model"], "y");
         assert_eq!(v["n"], 1);
+        // Spliced in place: the rest byte for byte, a nested `model` untouched.
+        let body = br#"{ "z": {"model": "x"}, "model" : "x", "a":[1, 2] }"#;
+        assert_eq!(
+            rewrite_model(body, "Qwen/Q\"3").unwrap(),
+            br#"{ "z": {"model": "x"}, "model" : "Qwen/Q\"3", "a":[1, 2] }"#
+        );
+        // No model: added by the round trip.
+        let v: serde_json::Value =
+            serde_json::from_slice(&rewrite_model(br#"{"n":1}"#, "y").unwrap()).unwrap();
+        assert_eq!(v["model"], "y");
     }
 }

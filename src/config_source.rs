@@ -381,6 +381,36 @@ fn secret_files(
     }
 }
 
+/// The files named by the `<secret>_file` keys of a config's text (after `${VAR}`
+/// expansion): what the reload watcher watches besides the config file itself.
+pub fn secret_file_paths(text: &str) -> Vec<std::path::PathBuf> {
+    let Ok(mut v) = parse(text) else {
+        return Vec::new();
+    };
+    expand_env(&mut v, &mut Vec::new(), &mut Vec::new());
+    let mut out = Vec::new();
+    collect_secret_files(&v, &mut out);
+    out
+}
+
+fn collect_secret_files(v: &Value, out: &mut Vec<std::path::PathBuf>) {
+    match v {
+        Value::Sequence(items) => items.iter().for_each(|x| collect_secret_files(x, out)),
+        Value::Mapping(m) => {
+            for (k, x) in m {
+                let k = key_text(k);
+                match (k.strip_suffix("_file"), x) {
+                    (Some(base), Value::String(p)) if SECRET_KEYS.contains(&base) => {
+                        out.push(p.into())
+                    }
+                    _ => collect_secret_files(x, out),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 /// The secret in a file: its text without the line end around it, or (for `api_keys_file`)
 /// one key per line, blank lines and `#` comments skipped.
 fn read_secret_file(file: &Value, list: bool) -> Result<Value, String> {

@@ -1,5 +1,5 @@
 //! `tokengate demo`: a whole fleet in one process. Starts one engine-sim per instance of the
-//! demo config (model = service name, id = instance id, on the instance's address; the
+//! demo config (model = the service's served `model`, else its name; id = instance id, on the instance's address; the
 //! instances of a prefill/decode-disaggregated service as prefill or decode engines speaking
 //! its `pd.mode`, an SGLang prefill with its bootstrap server on its `bootstrap_port`), then
 //! the gateway, and prints ready-to-paste requests. Ctrl-C stops everything. An instance
@@ -144,7 +144,9 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
                 writeln!(
                     out,
                     "  engine-sim {:<10} model {:<12} http://{}{role}",
-                    i.id, s.name, i.addr
+                    i.id,
+                    s.served(),
+                    i.addr
                 )?;
             }
         }
@@ -248,7 +250,7 @@ fn start_engine(
     };
     let sim = engine_sim::SimConfig {
         id: i.id.clone(),
-        model: s.name.clone(),
+        model: s.served().to_string(),
         time_scale,
         role,
         pd_mode: pd_mode.unwrap_or_default(),

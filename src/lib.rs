@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`metrics`], [`load`], [`logging`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`tls`], [`transport`], [`resolve`], [`upstream`], [`config_source`], [`config_report`], [`config`], [`decision`], [`mirror`], [`split`] |
+//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`rename`], [`metrics`], [`load`], [`logging`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`tls`], [`transport`], [`resolve`], [`upstream`], [`config_source`], [`config_report`], [`config`], [`decision`], [`mirror`], [`split`] |
 //! | state | [`pipelines`] (config → pipelines), [`runtime`] (services, routes, instances), [`shared`] |
 //! | one request | [`request`] (admit → plan → dispatch → complete), [`bigbody`], [`proxy`] (Pingora hooks) |
 //! | around requests | [`background`] (health checks, maintenance), [`reload`], [`status`] (the live status page; [`status::recent`] is a leaf the request path writes to), [`admin`] |
@@ -38,6 +38,7 @@ pub mod pipelines;
 pub mod probe;
 pub mod proxy;
 pub mod reload;
+pub mod rename;
 pub mod request;
 pub mod resolve;
 pub mod runtime;

@@ -8,11 +8,13 @@
 //! `reload.debounce` (2 s by default): a writer that pauses half-way — say after the part
 //! before `api_keys` — never has its half file served, even though that half parses. A file
 //! replaced whole (a rename: editors' atomic saves; a symlink swap: Kubernetes ConfigMaps)
-//! is complete when it appears and applies at the next check. `reload.watch: false` turns
-//! the watcher off; SIGHUP always reloads at once. A reload that removes authentication
-//! (`api_keys`, `admin_token`) or more than half of a service's instances is applied and
-//! logged as a warning naming it. Reading and building run on a blocking thread, off the
-//! proxy's async workers.
+//! is complete when it appears and applies at the next check. The files the config's
+//! `*_file` secrets name are watched the same way (a Kubernetes Secret mounted as files is
+//! updated by a symlink swap: a rotated key applies within a check, without a restart).
+//! `reload.watch: false` turns the watcher off; SIGHUP always reloads at once. A reload
+//! that removes authentication (`api_keys`, `admin_token`) or more than half of a service's
+//! instances is applied and logged as a warning naming it. Reading and building run on a
+//! blocking thread, off the proxy's async workers.
 //!
 //! Requests in flight keep the state they started with; instances that still exist (same
 //! id and address) keep their load counters and health, services that still exist keep
@@ -39,6 +41,8 @@ use std::time::{Duration, Instant, SystemTime};
 pub struct ReloadSource {
     pub path: PathBuf,
     loaded: Option<Stamp>,
+    /// The secret files the loaded config names, as they were loaded.
+    secrets: Vec<(PathBuf, Option<Stamp>)>,
     hup: Arc<AtomicBool>,
 }
 
@@ -51,10 +55,31 @@ impl ReloadSource {
         }
         ReloadSource {
             loaded: stamp(&path),
+            secrets: secret_stamps(&path),
             path,
             hup,
         }
     }
+}
+
+/// The secret files (`*_file`) the config file at `config` names, each with its stamp now.
+fn secret_stamps(config: &std::path::Path) -> Vec<(PathBuf, Option<Stamp>)> {
+    let text = std::fs::read_to_string(config).unwrap_or_default();
+    crate::config_source::secret_file_paths(&text)
+        .into_iter()
+        .map(|p| {
+            let s = stamp(&p);
+            (p, s)
+        })
+        .collect()
+}
+
+/// A settle state for each secret file.
+fn settles(stamps: Vec<(PathBuf, Option<Stamp>)>) -> Vec<(PathBuf, Settle)> {
+    stamps
+        .into_iter()
+        .map(|(p, s)| (p, Settle::new(s)))
+        .collect()
 }
 
 pub struct Reloader {
@@ -295,6 +320,7 @@ impl Reloader {
         };
         let path = me.source.path.clone();
         let mut settle = Settle::new(me.source.loaded);
+        let mut secrets = settles(me.source.secrets.clone());
         let mut tick = tokio::time::interval(CHECK_EVERY);
         let mut names = tokio::time::interval(crate::resolve::RERESOLVE_EVERY);
         names.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -306,24 +332,43 @@ impl Reloader {
                     me.source.hup.store(false, Ordering::Relaxed);
                     info!("SIGHUP: reloading {}", path.display());
                     settle.reset(stamp(&path));
+                    secrets = settles(secret_stamps(&path));
                     me.reload_off_thread().await;
                 }
                 _ = tick.tick() => {
                     if me.source.hup.swap(false, Ordering::Relaxed) {
                         info!("SIGHUP: reloading {}", path.display());
                         settle.reset(stamp(&path));
+                        secrets = settles(secret_stamps(&path));
                         me.reload_off_thread().await;
                         continue;
                     }
                     let (watch, debounce) = me.watch_settings();
-                    if watch && settle.observe(stamp(&path), Instant::now(), debounce) {
-                        info!("{} changed: reloading", path.display());
-                        me.reload_off_thread().await;
+                    if !watch {
+                        continue;
                     }
+                    let now = Instant::now();
+                    // Every secret file is looked at (each settles on its own).
+                    let changed: Vec<PathBuf> = secrets
+                        .iter_mut()
+                        .filter_map(|(p, s)| s.observe(stamp(p), now, debounce).then(|| p.clone()))
+                        .collect();
+                    if settle.observe(stamp(&path), now, debounce) {
+                        info!("{} changed: reloading", path.display());
+                    } else if let Some(p) = changed.first() {
+                        info!("{} changed: reloading {}", p.display(), path.display());
+                    } else {
+                        continue;
+                    }
+                    // The secret files of the file as it is now (taken before it is read: a
+                    // change while it is read is seen at the next check).
+                    secrets = settles(secret_stamps(&path));
+                    me.reload_off_thread().await;
                 }
                 _ = names.tick() => {
                     if let Some(what) = me.name_moved().await {
                         info!("{what}: reloading {}", path.display());
+                        secrets = settles(secret_stamps(&path));
                         me.reload_off_thread().await;
                     }
                 }

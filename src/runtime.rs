@@ -198,6 +198,11 @@ impl Instance {
 #[derive(Debug)]
 pub struct Service {
     pub name: String,
+    /// The model name the engines serve (`model`, else `name`): what the body's `model` says
+    /// going up.
+    pub served: String,
+    /// More names clients may send for it (`aliases`).
+    pub aliases: Vec<String>,
     pub instances: Vec<Arc<Instance>>,
     pub sched: Scheduler,
     /// The gateway's model of the instances' KV caches: every prompt dispatched to one of
@@ -229,6 +234,22 @@ pub struct Pd {
 }
 
 impl Service {
+    /// Whether clients call this service by `model` (its name or an alias): the answer then
+    /// names the model as the client sent it, else (a route, the default model) the
+    /// service's name.
+    pub fn answers_to(&self, model: &str) -> bool {
+        self.name == model || self.aliases.iter().any(|a| a == model)
+    }
+
+    /// The name the answer's `model` gives for a request that asked for `model`.
+    pub fn reply_name<'a>(&'a self, model: &'a str) -> &'a str {
+        if self.answers_to(model) {
+            model
+        } else {
+            &self.name
+        }
+    }
+
     /// Every instance as a candidate at `now` (the pipeline's filters drop the unavailable
     /// ones).
     pub fn candidates(&self, now: u64) -> Vec<Candidate> {
@@ -266,6 +287,8 @@ pub enum RouteMode {
 /// A model name over several services.
 pub struct Route {
     pub name: String,
+    /// More names clients may send for it (`aliases`).
+    pub aliases: Vec<String>,
     pub targets: Vec<Arc<Service>>,
     pub mode: RouteMode,
     /// The decision service: who to ask and what (targets in route order). Asked only when
@@ -389,6 +412,8 @@ pub struct Runtime {
     pub ordered: Vec<Arc<Service>>,
     pub routes: HashMap<String, Arc<Route>>,
     pub ordered_routes: Vec<Arc<Route>>,
+    /// Every alias of a service or route, and what it names.
+    pub aliases: HashMap<String, Dest>,
     pub strict: bool,
     pub default_model: Option<String>,
     pub api_keys: Vec<Vec<u8>>,
@@ -650,6 +675,8 @@ impl Runtime {
             };
             let svc = Arc::new(Service {
                 name: s.name.clone(),
+                served: s.served().to_string(),
+                aliases: s.aliases.clone(),
                 instances,
                 sched,
                 index,
@@ -742,6 +769,7 @@ impl Runtime {
             });
             let route = Arc::new(Route {
                 name: r.name.clone(),
+                aliases: r.aliases.clone(),
                 targets,
                 mode,
                 decision,
@@ -811,11 +839,23 @@ impl Runtime {
             .iter()
             .filter_map(|s| Some((services.get(&s.name)?.clone(), s.engine_metrics.clone()?)))
             .collect();
+        let mut aliases = HashMap::new();
+        for s in &ordered {
+            for a in &s.aliases {
+                aliases.insert(a.clone(), Dest::Service(s.clone()));
+            }
+        }
+        for r in &ordered_routes {
+            for a in &r.aliases {
+                aliases.insert(a.clone(), Dest::Route(r.clone()));
+            }
+        }
         Ok(Runtime {
             services,
             ordered,
             routes,
             ordered_routes,
+            aliases,
             strict: cfg.routing.strict,
             default_model: cfg.routing.default_model.clone(),
             api_keys: cfg.api_keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
@@ -843,14 +883,17 @@ impl Runtime {
         })
     }
 
-    /// The destination of a request's `model`: a service or route by name, else the default
-    /// model when routing is not strict.
+    /// The destination of a request's `model`: a service or route by name or alias, else the
+    /// default model when routing is not strict.
     pub fn resolve(&self, model: &str) -> Option<Dest> {
         if let Some(s) = self.services.get(model) {
             return Some(Dest::Service(s.clone()));
         }
         if let Some(r) = self.routes.get(model) {
             return Some(Dest::Route(r.clone()));
+        }
+        if let Some(d) = self.aliases.get(model) {
+            return Some(d.clone());
         }
         if self.strict {
             return None;
@@ -1002,13 +1045,18 @@ impl Runtime {
         })
     }
 
-    /// OpenAI-shaped model list for `GET /v1/models`: services, then routes.
+    /// OpenAI-shaped model list for `GET /v1/models`: the names clients send (never the
+    /// engines' served names): services, then routes, each followed by its aliases.
     pub fn models_json(&self) -> serde_json::Value {
         let data: Vec<serde_json::Value> = self
             .ordered
             .iter()
-            .map(|s| s.name.as_str())
-            .chain(self.ordered_routes.iter().map(|r| r.name.as_str()))
+            .flat_map(|s| std::iter::once(&s.name).chain(&s.aliases))
+            .chain(
+                self.ordered_routes
+                    .iter()
+                    .flat_map(|r| std::iter::once(&r.name).chain(&r.aliases)),
+            )
             .map(|name| {
                 serde_json::json!({
                     "id": name,

@@ -437,3 +437,231 @@ fn sizes_take_units() {
         .to_string();
     assert!(e.contains("max_body_bytes: \"lots\" is not a size"), "{e}");
 }
+
+/// Every `model` value anywhere in a JSON value (the answer's, Anthropic's `message.model`,
+/// the Responses API's `response.model`).
+fn models_in(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("model", serde_json::Value::String(s)) => out.push(s.clone()),
+                    _ => models_in(x, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| models_in(x, out)),
+        _ => {}
+    }
+}
+
+/// A service whose engines serve another name (`model`) than clients send (`name`), with an
+/// alias, and a route with an alias: the body's `model` goes up as the served name (the
+/// engine-sim answers 404 for any other) and comes back as the name the client sent, in the
+/// JSON answer and in every SSE event, on all four APIs; a route's answer names its target
+/// service. `/v1/models` lists names and aliases, never the served name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_names_and_aliases_are_rewritten_both_ways() {
+    const SERVED: &str = "Qwen/Qwen3-8B";
+    let engines = sims(1, SERVED, "e", 100.0).await;
+    let yaml = format!(
+        "services:\n  - name: qwen3-8b\n    model: {SERVED}\n    aliases: [gpt-4o-mini]\n{}routes:\n  - name: fast\n    aliases: [quick]\n    targets: [{{service: qwen3-8b}}]\n",
+        sim_instances(&engines)
+    );
+    let g = GatewayProc::start(&yaml);
+    let c = reqwest::Client::new();
+    let body = |path: &str, model: &str, stream: bool| -> String {
+        let v = match path {
+            "/v1/completions" => {
+                serde_json::json!({"model": model, "prompt": "hi", "max_tokens": 6})
+            }
+            "/v1/responses" => {
+                serde_json::json!({"model": model, "input": "hi", "max_output_tokens": 6})
+            }
+            _ => serde_json::json!({"model": model, "max_tokens": 6,
+                "messages": [{"role": "user", "content": "hi"}]}),
+        };
+        let mut v = v;
+        v["stream"] = stream.into();
+        v.to_string()
+    };
+    let paths = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+    ];
+    for (asked, answered) in [
+        ("qwen3-8b", "qwen3-8b"),
+        ("gpt-4o-mini", "gpt-4o-mini"),
+        ("fast", "qwen3-8b"),
+        ("quick", "qwen3-8b"),
+    ] {
+        for path in paths {
+            for stream in [false, true] {
+                let what = format!("{path} model={asked} stream={stream}");
+                let r = c
+                    .post(g.url(path))
+                    .header("content-type", "application/json")
+                    .body(body(path, asked, stream))
+                    .send()
+                    .await
+                    .unwrap();
+                let st = r.status();
+                let text = r.text().await.unwrap();
+                assert_eq!(st, 200, "{what}: {text}");
+                assert!(
+                    !text.contains(SERVED),
+                    "{what}: the served name leaked: {text}"
+                );
+                let mut models = Vec::new();
+                let mut events = 0;
+                if stream {
+                    for data in text.lines().filter_map(|l| l.strip_prefix("data:")) {
+                        let Ok(v) = serde_json::from_str::<serde_json::Value>(data.trim()) else {
+                            continue; // [DONE]
+                        };
+                        events += 1;
+                        let before = models.len();
+                        models_in(&v, &mut models);
+                        if path.ends_with("completions") {
+                            // OpenAI's chunks each name the model.
+                            assert_eq!(models.len(), before + 1, "{what}: {data}");
+                        }
+                    }
+                    assert!(events >= 3, "{what}: {text}");
+                } else {
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    assert_eq!(v["model"], answered, "{what}: {v}");
+                    models_in(&v, &mut models);
+                }
+                assert!(!models.is_empty(), "{what}: no model named: {text}");
+                for m in &models {
+                    assert_eq!(m, answered, "{what}: {text}");
+                }
+            }
+        }
+    }
+    // An unknown name is still a 404, and the served name is not a client name.
+    for unknown in [SERVED, "gpt-4o"] {
+        let r = c
+            .post(g.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body("/v1/chat/completions", unknown, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{unknown}");
+    }
+    let v: serde_json::Value = c
+        .get(g.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["qwen3-8b", "gpt-4o-mini", "fast", "quick"], "{v}");
+}
+
+/// An alias that is another service's or route's name, or another alias, is an error naming
+/// its YAML path, its line and the name it collides with; `check --print` keeps `model` and
+/// `aliases`.
+#[test]
+fn colliding_aliases_are_config_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("aliases.yaml");
+    std::fs::write(
+        &p,
+        "services:\n\
+         \x20 - name: a\n\
+         \x20   model: org/a-served\n\
+         \x20   aliases: [b, x]\n\
+         \x20   instances:\n\
+         \x20     - {id: i1, addr: 127.0.0.1:1}\n\
+         \x20 - name: b\n\
+         \x20   aliases: [x, r, \"\"]\n\
+         \x20   instances:\n\
+         \x20     - {id: i2, addr: 127.0.0.1:2}\n\
+         routes:\n\
+         \x20 - name: r\n\
+         \x20   aliases: [a]\n\
+         \x20   targets: [{service: a}]\n",
+    )
+    .unwrap();
+    let (ok, err) = check(&p);
+    assert!(!ok);
+    for want in [
+        "services[0].aliases[0]: \"b\" is also services[1].name; a model name clients send names one service or route (line 4)",
+        "services[1].aliases[0]: \"x\" is also services[0].aliases[1]",
+        "services[1].aliases[1]: \"r\" is also routes[0].name",
+        "services[1].aliases[2]: must not be empty",
+        "routes[0].aliases[0]: \"a\" is also services[0].name",
+    ] {
+        assert_eq!(err.matches(want).count(), 1, "{want:?} once in:\n{err}");
+    }
+    assert_eq!(err.lines().skip(1).count(), 5, "{err}");
+    // The fixed file passes, and its printed form keeps the names and passes too.
+    std::fs::write(
+        &p,
+        "services:\n  - name: a\n    model: org/a-served\n    aliases: [a2]\n    instances:\n      - {id: i1, addr: 127.0.0.1:1}\nroutes:\n  - name: r\n    aliases: [r2]\n    targets: [{service: a}]\n",
+    )
+    .unwrap();
+    let (ok, err) = check(&p);
+    assert!(ok, "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["check", "--print", "-c"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed = String::from_utf8_lossy(&out.stdout).to_string();
+    let c = Config::from_yaml(&printed).unwrap();
+    assert_eq!(c.services[0].model.as_deref(), Some("org/a-served"));
+    assert_eq!(c.services[0].aliases, ["a2"]);
+    assert_eq!(c.routes[0].aliases, ["r2"]);
+}
+
+/// A Kubernetes Secret mounted as files is updated by a symlink swap (`keys` →
+/// `..data/keys`, `..data` → a new directory): the watcher watches the `*_file` secrets, so
+/// the rotated key applies without a restart or SIGHUP, and the old one stops working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_secret_file_applies_without_a_restart() {
+    let engines = sims(1, "m", "e", 50.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let old = format!("sk-old-{}", uuid_like());
+    let new = format!("sk-new-{}", uuid_like());
+    std::fs::create_dir(d.join("..v1")).unwrap();
+    std::fs::write(d.join("..v1/keys"), format!("{old}\n")).unwrap();
+    std::os::unix::fs::symlink("..v1", d.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/keys", d.join("keys")).unwrap();
+    let yaml = format!(
+        "api_keys_file: {}\nservices:\n  - name: m\n{}",
+        d.join("keys").display(),
+        sim_instances(&engines)
+    );
+    let g = GatewayProc::start(&yaml);
+    let c = reqwest::Client::new();
+    assert_eq!(status(&c, &g, Some(&old)).await, 200);
+    assert_eq!(status(&c, &g, Some(&new)).await, 401);
+    // The kubelet's update: the new files in a new directory, then `..data` renamed over.
+    std::fs::create_dir(d.join("..v2")).unwrap();
+    std::fs::write(d.join("..v2/keys"), format!("{new}\n")).unwrap();
+    std::os::unix::fs::symlink("..v2", d.join("..data_tmp")).unwrap();
+    std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+    eventually("the rotated key to be accepted", || async {
+        status(&c, &g, Some(&new)).await == 200
+    })
+    .await;
+    assert_eq!(status(&c, &g, Some(&old)).await, 401);
+    let log = g.log_text();
+    assert!(log.contains("keys changed: reloading"), "{log}");
+    assert!(!log.contains(&old) && !log.contains(&new), "{log}");
+}

@@ -377,6 +377,43 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
     assert_eq!(kpi("instances"), "8/8");
     assert_eq!(kpi("inflight"), "0");
     assert_ne!(kpi("ttft"), "–", "a TTFT from the streamed requests");
+    // The TTFT headline says what it counts, and counts it: the median (nearest rank) TTFT of
+    // the streamed requests among the recent ones, not of every request.
+    let tile = &dom[dom.find("data-kpi=\"ttft\"").unwrap()..];
+    let label = &tile[tile.find("class=\"label\"").unwrap()..];
+    let label = label[label.find('>').unwrap() + 1..]
+        .split('<')
+        .next()
+        .unwrap();
+    assert_eq!(label, "TTFT p50 (streams)");
+    let recent = status["recent"].as_array().unwrap();
+    let mut streamed: Vec<f64> = recent
+        .iter()
+        .filter(|r| r["stream"] == true)
+        .filter_map(|r| r["ttft_ms"].as_f64())
+        .collect();
+    let unstreamed = recent.iter().filter(|r| r["stream"] == false).count();
+    assert!(
+        !streamed.is_empty() && unstreamed > 0,
+        "both kinds among the recent requests"
+    );
+    streamed.sort_by(f64::total_cmp);
+    let p50 = streamed[(streamed.len() as f64 * 0.5).ceil() as usize - 1];
+    let shown: f64 = tile[tile.find("data-ms=\"").unwrap() + 9..]
+        .split('"')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (shown - p50).abs() < 1e-6,
+        "headline {shown} ms, the recent streams' median {p50} ms"
+    );
+    assert!(
+        tile.contains(&format!(" · {} streams<", streamed.len())),
+        "{}",
+        &tile[..400.min(tile.len())]
+    );
     assert_ne!(kpi("rps"), "–");
     let points = |id: &str| -> u32 {
         let i = dom.find(&format!("id=\"{id}\"")).unwrap();

@@ -15,6 +15,9 @@ use std::collections::HashSet;
 pub struct RouteConfig {
     /// The `model` clients send, e.g. `qwen3`.
     pub name: String,
+    /// More names clients may send for this route (listed by `/v1/models`).
+    #[serde(default)]
+    pub aliases: Vec<String>,
     pub targets: Vec<TargetConfig>,
     /// `round-robin` (the targets in turn), `weight` (each target's weight is its share of
     /// traffic), or `policy` (scoring across every target's instances). Default: `policy`
@@ -128,6 +131,51 @@ pub(super) fn validate(
     let mut rnames = HashSet::new();
     for (ri, r) in routes.iter().enumerate() {
         r.validate(ri, &known, &mut rnames, errs);
+    }
+    validate_aliases(services, routes, errs);
+}
+
+/// Every alias names one service or route: not empty, not another service's or route's name,
+/// not another alias. Each error names the alias's YAML path and what it collides with.
+fn validate_aliases(services: &[ServiceConfig], routes: &[RouteConfig], errs: &mut Vec<String>) {
+    // Every client-facing name with the path that first claimed it.
+    let mut claimed: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    for (si, s) in services.iter().enumerate() {
+        claimed
+            .entry(s.name.as_str())
+            .or_insert_with(|| format!("services[{si}].name"));
+    }
+    for (ri, r) in routes.iter().enumerate() {
+        claimed
+            .entry(r.name.as_str())
+            .or_insert_with(|| format!("routes[{ri}].name"));
+    }
+    let lists = services
+        .iter()
+        .enumerate()
+        .map(|(si, s)| (format!("services[{si}]"), &s.aliases))
+        .chain(
+            routes
+                .iter()
+                .enumerate()
+                .map(|(ri, r)| (format!("routes[{ri}]"), &r.aliases)),
+        );
+    for (p, aliases) in lists {
+        for (ai, a) in aliases.iter().enumerate() {
+            let at = format!("{p}.aliases[{ai}]");
+            if a.is_empty() {
+                errs.push(format!("{at}: must not be empty"));
+                continue;
+            }
+            match claimed.get(a.as_str()) {
+                Some(other) => errs.push(format!(
+                    "{at}: {a:?} is also {other}; a model name clients send names one service or route"
+                )),
+                None => {
+                    claimed.insert(a.as_str(), at);
+                }
+            }
+        }
     }
 }
 

@@ -16,6 +16,15 @@ use tokengate_plugins::LbPolicy;
 pub struct ServiceConfig {
     /// The model name clients send (`"model": "qwen3-32b"`).
     pub name: String,
+    /// The model name the engines serve (vLLM's and SGLang's `--served-model-name`) when it
+    /// is not `name`: the body's `model` is rewritten to it going up, and back to the
+    /// client's name in the answer (every SSE event too). Absent: `name`.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// More names clients may send for this service (listed by `/v1/models`); the answer
+    /// names the alias the client sent.
+    #[serde(default)]
+    pub aliases: Vec<String>,
     /// `least-token`, `least-request`, `round-robin` or `predicted-ttft`. Default:
     /// `predicted-ttft` under a layered scheduler, else `least-token`.
     #[serde(default)]
@@ -110,6 +119,11 @@ pub(super) fn validate<'a>(
                 s.name
             ));
         }
+        if s.model.as_deref().is_some_and(str::is_empty) {
+            errs.push(format!(
+                "services[{si}].model: must not be empty (leave it out to use the name)"
+            ));
+        }
         if s.instances.is_empty() {
             errs.push(format!(
                 "services[{si}].instances: at least one instance is required"
@@ -131,6 +145,11 @@ pub(super) fn validate<'a>(
 }
 
 impl ServiceConfig {
+    /// The model name the engines serve: `model`, else `name`.
+    pub fn served(&self) -> &str {
+        self.model.as_deref().unwrap_or(&self.name)
+    }
+
     /// Scheduler, throttling, roles, key, TLS and engine metrics of `services[si]`.
     fn validate_features(&self, si: usize, errs: &mut Vec<String>) {
         let s = self;

@@ -140,13 +140,13 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                 if leg.role != LegRole::Main {
                     continue;
                 }
-                // The engine serves the service's name: rewrite `model` when the client named
-                // a route or fell back to the default model.
-                if l.service.name != plan.info.model {
+                // The engine serves the service's `model` (else its name): rewrite `model`
+                // when the client named an alias, a route or fell back to the default model.
+                if l.service.served != plan.info.model {
                     ctx.attempt.sent = ctx
                         .body
                         .as_ref()
-                        .and_then(|b| api::rewrite_model(b, &l.service.name))
+                        .and_then(|b| api::rewrite_model(b, &l.service.served))
                         .map(Bytes::from);
                 }
                 if l.service.pd.is_none() {
@@ -430,6 +430,21 @@ pub fn response_header(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
     } else {
         ctx.response.json = Some(JsonCollector::default());
     }
+    // The engine names its served model: the client gets back the name it sent (a route or
+    // the default model: the service's name).
+    ctx.response.rename = match (ctx.main_leg().and_then(|l| l.local()), &ctx.plan) {
+        (Some(l), Some(plan)) => {
+            crate::rename::Rename::new(&l.service.served, l.service.reply_name(&plan.info.model))
+        }
+        _ => None,
+    };
+    if ctx.response.rename.is_some() {
+        // The body's length changes.
+        resp.remove_header("content-length");
+        if resp.headers.get("transfer-encoding").is_none() {
+            resp.insert_header("transfer-encoding", "chunked")?;
+        }
+    }
     if let Some(l) = ctx.main_leg() {
         resp.insert_header("x-tokengate-instance", l.id_header())?;
     }
@@ -516,6 +531,18 @@ pub fn response_body(
                 ErrorType::HTTPStatus(504),
                 "request exceeded timeouts.total",
             ));
+        }
+    }
+    if let Some(r) = ctx.response.rename.as_mut() {
+        if let Some(renamed) = body.as_deref().and_then(|b| r.feed(b)) {
+            *body = Some(renamed);
+        }
+        if end_of_stream {
+            if let Some(rest) = r.finish() {
+                let mut v = body.take().map(|b| b.to_vec()).unwrap_or_default();
+                v.extend_from_slice(&rest);
+                *body = Some(Bytes::from(v));
+            }
         }
     }
     Ok(None)

@@ -239,6 +239,8 @@ pub struct ResponseState {
     pub first_token: bool,
     pub sse: Option<SseScanner>,
     pub json: Option<JsonCollector>,
+    /// The engine's served model name renamed back to the client's in the answer.
+    pub rename: Option<crate::rename::Rename>,
     pub usage: Usage,
     pub upstream_status: Option<u16>,
     /// The current attempt received a response header.

@@ -60,6 +60,12 @@ function fmtMs(v) {
   if (v >= 10) return nf0.format(v) + " ms";
   return nf1.format(v) + " ms";
 }
+// The nearest-rank quantile of `values` (null when empty).
+function quantile(values, q) {
+  if (!values.length) return null;
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.max(0, Math.ceil(q * sorted.length) - 1)];
+}
 function fmtPct(v) { return v === null || v === undefined || !isFinite(v) ? "–" : nf1.format(v * 100) + "%"; }
 function fmtBytes(v) {
   if (v === null || v === undefined) return "–";
@@ -193,9 +199,13 @@ function render(d) {
   const errShare = minReq > 0 ? min5xx / minReq : 0;
   setKpi("errors", fmtPct(errShare), "", `last min: 5xx ${fmtInt(min5xx)} · 4xx ${fmtInt(min4xx)}`,
     errShare > 0.05 ? "bad" : errShare > 0 ? "warn" : null);
-  const lastTtft = [...hist].reverse().find(p => p.ttft_p50_ms !== null);
-  setKpi("ttft", lastTtft ? fmtMs(lastTtft.ttft_p50_ms) : "–", "",
-    lastTtft ? `p95 ${fmtMs(lastTtft.ttft_p95_ms)}` : "no streamed request yet");
+  // TTFT of the streamed requests among the recent ones (a non-stream answer's first token
+  // is its whole body: its TTFT is its duration, counted in the chart's duration line).
+  const ttfts = (d.recent || []).filter(r => r.stream && r.ttft_ms !== null).map(r => r.ttft_ms);
+  const t50 = quantile(ttfts, 0.5), t95 = quantile(ttfts, 0.95);
+  setKpi("ttft", fmtMs(t50), "",
+    ttfts.length ? `p95 ${fmtMs(t95)} · ${fmtInt(ttfts.length)} streams` : "no streamed request yet");
+  document.querySelector('[data-kpi="ttft"]').dataset.ms = t50 === null ? "" : String(t50);
   const inst = d.instances || [];
   const inflight = sum(inst, i => i.inflight_requests), waiting = sum(inst, i => i.waiting), decoding = sum(inst, i => i.decoding);
   setKpi("inflight", fmtInt(inflight), inflight === 1 ? "request" : "requests", `${fmtInt(waiting)} prefill · ${fmtInt(decoding)} decode`);
@@ -222,9 +232,9 @@ function render(d) {
   legend("legend-ttft", [["p50", COLORS.violet], ["p95", COLORS.violet, true], ["duration p50", COLORS.slate, true]]);
   lineChart(document.getElementById("chart-tokens"), [
     { name: "prompt", color: COLORS.teal, area: true, points: hist.map(p => [p.t, p.prompt_tokens / ivs]) },
-    { name: "completion", color: COLORS.green, points: hist.map(p => [p.t, p.completion_tokens / ivs]) },
+    { name: "completion", color: COLORS.amber, points: hist.map(p => [p.t, p.completion_tokens / ivs]) },
   ], { ...opts, yFmt: fmtNum });
-  legend("legend-tokens", [["prompt", COLORS.teal], ["completion", COLORS.green]]);
+  legend("legend-tokens", [["prompt", COLORS.teal], ["completion", COLORS.amber]]);
 
   renderInstances(inst);
   renderServices(d, hist, opts);
@@ -334,7 +344,7 @@ function renderServices(d, hist, opts) {
         ratio("predicted", r.predicted, COLORS.blue, "since start: cached prefix on the chosen instance, by the gateway's index"),
         ratio("engine", r.engine, COLORS.green, "since start: cached tokens the engines reported")),
       h("div", { class: "svc-more" }, more.join(" · ")),
-      h("div", { class: "svc-more", "data-field": "index", title: index }, index),
+      h("div", { class: "svc-more wrap", "data-field": "index", title: index }, index),
       sv.throttle ? throttleFacts(sv.throttle) : null,
       sv.pd ? pdFacts(sv.pd, (d.instances || []).filter(i => i.service === sv.name && i.pd_prefill)) : null,
       svg,
