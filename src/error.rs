@@ -12,6 +12,9 @@ pub enum GatewayError {
     Unauthorized(String),
     #[error("{0}")]
     ModelNotFound(String),
+    /// The key's tenant may not call this model.
+    #[error("{0}")]
+    ModelNotAllowed(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -37,6 +40,7 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_) => 400,
             GatewayError::Unauthorized(_) => 401,
+            GatewayError::ModelNotAllowed(_) => 403,
             GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => 404,
             GatewayError::MethodNotAllowed(_) => 405,
             GatewayError::RequestTimeout(_) => 408,
@@ -57,6 +61,7 @@ impl GatewayError {
             | GatewayError::PayloadTooLarge(_)
             | GatewayError::RequestTimeout(_) => "invalid_request_error",
             GatewayError::Unauthorized(_) => "authentication_error",
+            GatewayError::ModelNotAllowed(_) => "permission_error",
             GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => "not_found_error",
             GatewayError::TooManyRequests(_) => "rate_limit_error",
             _ => "api_error",
@@ -69,6 +74,7 @@ impl GatewayError {
             GatewayError::BadRequest(_) => "invalid_request",
             GatewayError::Unauthorized(_) => "invalid_api_key",
             GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::ModelNotAllowed(_) => "model_not_allowed",
             GatewayError::NotFound(_) => "unknown_url",
             GatewayError::MethodNotAllowed(_) => "method_not_allowed",
             GatewayError::RequestTimeout(_) => "request_timeout",
@@ -88,6 +94,7 @@ impl GatewayError {
             | GatewayError::MethodNotAllowed(_)
             | GatewayError::RequestTimeout(_) => "invalid_request_error",
             GatewayError::Unauthorized(_) => "authentication_error",
+            GatewayError::ModelNotAllowed(_) => "permission_error",
             GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => "not_found_error",
             GatewayError::PayloadTooLarge(_) => "request_too_large",
             GatewayError::TooManyRequests(_) => "rate_limit_error",

@@ -45,6 +45,7 @@ pub mod runtime;
 pub mod server;
 pub mod shared;
 pub mod split;
+pub mod tenants;
 pub mod status;
 pub mod throttle;
 pub mod tls;

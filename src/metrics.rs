@@ -70,6 +70,45 @@ pub struct Metrics {
     pub mirror_latency: HistogramVec,
     pub mirror_queue: prometheus::IntGauge,
     pub mirror_inflight: prometheus::IntGauge,
+    /// Per tenant: requests, tokens, rejections.
+    pub tenants: TenantMetrics,
+}
+
+/// `tokengate_tenant_*`: what each tenant used and why it was refused (the tenant's name,
+/// never its key).
+pub struct TenantMetrics {
+    pub requests: IntCounterVec,
+    pub tokens: IntCounterVec,
+    pub rejections: IntCounterVec,
+}
+
+impl TenantMetrics {
+    fn new(registry: &Registry) -> TenantMetrics {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric names");
+            c
+        };
+        TenantMetrics {
+            requests: counter(
+                "tokengate_tenant_requests_total",
+                "Requests admitted per tenant (`tenants:`; `default`: the global api_keys) and model (the service or route)",
+                &["tenant", "model"],
+            ),
+            tokens: counter(
+                "tokengate_tenant_tokens_total",
+                "Tokens charged to each tenant's limits per model, by kind: input (prompt), output",
+                &["tenant", "model", "kind"],
+            ),
+            rejections: counter(
+                "tokengate_tenant_rejections_total",
+                "Requests refused per tenant, by reason: model_not_allowed (403), requests_per_minute, input_tokens_per_minute, output_tokens_per_minute, concurrency (429)",
+                &["tenant", "reason"],
+            ),
+        }
+    }
 }
 
 impl Metrics {
@@ -429,6 +468,7 @@ impl Metrics {
         ] {
             registry.register(c).expect("unique metric names");
         }
+        let tenants = TenantMetrics::new(&registry);
         Metrics {
             registry,
             requests,
@@ -470,6 +510,7 @@ impl Metrics {
             mirror_latency,
             mirror_queue,
             mirror_inflight,
+            tenants,
         }
     }
 

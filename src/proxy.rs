@@ -133,6 +133,7 @@ impl ProxyHttp for Gateway {
             ctx.set_request_id(Some(&id));
             ctx.api = Some(h.plan.api);
             ctx.followers = h.followers;
+            ctx.tenant = h.plan.ticket.as_ref().map(|t| t.tenant.clone());
             ctx.plan = Some(h.plan);
             ctx.body = Some(h.body);
             ctx.legs = h.legs;
@@ -262,12 +263,14 @@ impl ProxyHttp for Gateway {
             ctx.local_status = Some(code);
             // Say `Connection: close`: this connection is not reused after a proxy failure.
             session.set_keepalive(None);
-            let _ = request::respond(
+            let _ = request::respond_with(
                 session,
                 code,
                 "application/json",
                 ge.body(ctx.anthropic()),
                 &ctx.request_id,
+                None,
+                ctx.tenant.as_deref(),
             )
             .await;
         }

@@ -416,7 +416,9 @@ pub struct Runtime {
     pub aliases: HashMap<String, Dest>,
     pub strict: bool,
     pub default_model: Option<String>,
-    pub api_keys: Vec<Vec<u8>>,
+    /// Client keys and their tenants (the global `api_keys`: the implicit tenant); empty:
+    /// the gateway is open. Counters kept across reloads by tenant name.
+    pub tenants: crate::tenants::Tenants,
     pub admin_token: Option<Vec<u8>>,
     pub max_body_bytes: usize,
     pub timeouts: Timeouts,
@@ -858,7 +860,11 @@ impl Runtime {
             aliases,
             strict: cfg.routing.strict,
             default_model: cfg.routing.default_model.clone(),
-            api_keys: cfg.api_keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            tenants: crate::tenants::Tenants::build(
+                &cfg.api_keys,
+                &cfg.tenants,
+                prev.map(|p| &p.tenants),
+            ),
             admin_token: cfg.admin_token.as_ref().map(|t| t.as_bytes().to_vec()),
             max_body_bytes: cfg.max_body_bytes,
             timeouts: cfg.timeouts.clone(),
@@ -1047,16 +1053,25 @@ impl Runtime {
 
     /// OpenAI-shaped model list for `GET /v1/models`: the names clients send (never the
     /// engines' served names): services, then routes, each followed by its aliases.
-    pub fn models_json(&self) -> serde_json::Value {
+    /// `GET /v1/models`: every service and route by name and alias — for a tenant, those
+    /// it may call (a name it allows, or the alias of one).
+    pub fn models_json(&self, tenant: Option<&crate::tenants::Tenant>) -> serde_json::Value {
+        let allowed = |canonical: &str, name: &str| {
+            tenant.is_none_or(|t| t.allows(name) || t.allows(canonical))
+        };
         let data: Vec<serde_json::Value> = self
             .ordered
             .iter()
-            .flat_map(|s| std::iter::once(&s.name).chain(&s.aliases))
-            .chain(
-                self.ordered_routes
-                    .iter()
-                    .flat_map(|r| std::iter::once(&r.name).chain(&r.aliases)),
-            )
+            .flat_map(|s| {
+                std::iter::once(&s.name)
+                    .chain(&s.aliases)
+                    .filter(|n| allowed(&s.name, n))
+            })
+            .chain(self.ordered_routes.iter().flat_map(|r| {
+                std::iter::once(&r.name)
+                    .chain(&r.aliases)
+                    .filter(|n| allowed(&r.name, n))
+            }))
             .map(|name| {
                 serde_json::json!({
                     "id": name,

@@ -29,6 +29,7 @@ mod scheduler;
 mod secret;
 mod services;
 mod split;
+mod tenants;
 mod throttling;
 mod timeouts;
 
@@ -52,6 +53,7 @@ pub use scheduler::{
 pub use secret::Secret;
 pub use services::{EngineMetricsSettings, ServiceConfig};
 pub use split::{SplitFailover, SplitProxy, SplitSettings, SplitStrategy};
+pub use tenants::{Priority, TenantConfig, TenantLimits, IMPLICIT as IMPLICIT_TENANT};
 pub use throttling::ThrottlingSettings;
 pub use timeouts::Timeouts;
 
@@ -77,6 +79,9 @@ pub struct Config {
     /// Bearer keys clients must present. Empty: the gateway is open.
     #[serde(default, serialize_with = "secret::masked_all")]
     pub api_keys: Vec<String>,
+    /// Named groups of client keys: the models each may call, its priority, its limits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantConfig>,
     /// Largest request body accepted (bytes); larger requests get 413.
     #[serde(
         default = "default_max_body",
@@ -188,6 +193,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigErrors> {
         let mut errs = Vec::new();
         self.validate_listeners(&mut errs);
+        tenants::validate(&self.tenants, &self.api_keys, &mut errs);
         self.timeouts.validate(&mut errs);
         let names = services::validate(&self.services, self.prefix_index.block_size, &mut errs);
         self.health_check.validate(&mut errs);

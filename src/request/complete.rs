@@ -168,6 +168,46 @@ fn upstream_failed(e: Option<&Error>, upstream_status: Option<u16>) -> bool {
         || upstream_status.is_some_and(|s| s >= 500)
 }
 
+/// The request's tenant: its ticket settled with what the request used (the engine's
+/// counts; without them, the estimate for what evidently ran: the prompt of a dispatched
+/// request, the reserved output of an answer that started), its requests and tokens
+/// counted, or the limit that refused it.
+fn tenant_accounting(
+    shared: &Shared,
+    ctx: &Ctx,
+    ticket: Option<crate::tenants::Ticket>,
+    outcome: Outcome,
+    u: Usage,
+    served: bool,
+) {
+    let Some(t) = ctx.tenant.as_ref() else { return };
+    let m = &shared.metrics.tenants;
+    if let Some(reason) = ctx.tenant_refused {
+        m.rejections.with_label_values(&[&t.name, reason]).inc();
+        return;
+    }
+    let (Some(plan), Some(ticket)) = (ctx.plan.as_ref(), ticket) else {
+        return;
+    };
+    let (_, reserved_out) = ticket.reserved();
+    let started = ctx.response.first_token || (served && outcome == Outcome::Completed);
+    let input = u
+        .prompt
+        .unwrap_or(if served { plan.info.prompt_tokens_est } else { 0 });
+    let output = u
+        .completion
+        .unwrap_or(if started { reserved_out } else { 0 });
+    ticket.settle(input, output);
+    let model = plan.dest.name();
+    m.requests.with_label_values(&[&t.name, model]).inc();
+    m.tokens
+        .with_label_values(&[&t.name, model, "input"])
+        .inc_by(input);
+    m.tokens
+        .with_label_values(&[&t.name, model, "output"])
+        .inc_by(output);
+}
+
 /// `logging`: completes the request. Runs exactly once per request (for a request whose
 /// body went to a subrequest, in the subrequest).
 pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
@@ -199,6 +239,7 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         _ => None,
     });
     let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
+    let ticket = ctx.plan.as_mut().and_then(|p| p.ticket.take());
     let mut model: &str = ctx.plan.as_ref().map_or("-", |p| p.dest.name());
     let mut served_by: Option<String> = None;
     // The metric's instance label: a pair's decode instance (its prefill instance is in
@@ -343,6 +384,7 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
             m.split_requests.with_label_values(&["local", o]).inc();
         }
     }
+    tenant_accounting(shared, ctx, ticket, outcome, u, served_by.is_some());
     let instance = served_by.as_deref().unwrap_or("-");
     let code = status.to_string();
     let metric_instance = served_id.as_deref().unwrap_or(instance);
@@ -399,11 +441,12 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         };
         info!(
             target: "access",
-            "{} {} {} model={} instance={} status={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
+            "{} {} {} model={} tenant={} instance={} status={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
             req.method,
             req.uri.path(),
             if stream { "stream" } else { "unary" },
             ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
+            ctx.tenant.as_ref().map_or("-", |t| t.name.as_str()),
             instance,
             status,
             ctx.response

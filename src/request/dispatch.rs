@@ -448,6 +448,11 @@ pub fn response_header(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
     if let Some(l) = ctx.main_leg() {
         resp.insert_header("x-tokengate-instance", l.id_header())?;
     }
+    if let Some(t) = ctx.tenant.as_deref() {
+        for (k, v) in crate::tenants::headers(t) {
+            resp.insert_header(k, v)?;
+        }
+    }
     if !ctx.reason.is_empty() {
         // Static reasons are shared, not copied.
         let reason = match &ctx.reason {

@@ -61,6 +61,8 @@ pub struct Plan {
     pub forward_auth: bool,
     /// The request came from another region's gateway: it is never forwarded again.
     pub hop: bool,
+    /// Its hold on its tenant's limits, settled when the request completes.
+    pub ticket: Option<crate::tenants::Ticket>,
 }
 
 /// Which scheduler chose a leg (to tell it how the request ended).
@@ -278,6 +280,10 @@ pub struct Ctx {
     /// Features following the request from its plan to its end ([`crate::hook`]: the
     /// traffic mirror's log line).
     pub followers: Vec<Box<dyn crate::hook::Follower>>,
+    /// The tenant of the client's key ([`crate::tenants`]), and the limit that refused
+    /// the request (a `tokengate_tenant_rejections_total` reason).
+    pub tenant: Option<Arc<crate::tenants::Tenant>>,
+    pub tenant_refused: Option<&'static str>,
 }
 
 impl Ctx {
@@ -299,6 +305,8 @@ impl Ctx {
             local_error: None,
             deadline_hit: false,
             followers: Vec::new(),
+            tenant: None,
+            tenant_refused: None,
         }
     }
 
@@ -383,21 +391,29 @@ pub async fn respond(
     body: Vec<u8>,
     request_id: &str,
 ) -> Result<()> {
-    respond_with(session, status, content_type, body, request_id, None).await
+    respond_with(session, status, content_type, body, request_id, None, None).await
 }
 
-async fn respond_with(
+/// Writes a complete local response; with the tenant's `x-ratelimit-*` headers when it
+/// has per-minute limits.
+pub async fn respond_with(
     session: &mut Session,
     status: u16,
     content_type: &str,
     body: Vec<u8>,
     request_id: &str,
     retry_after: Option<Duration>,
+    tenant: Option<&crate::tenants::Tenant>,
 ) -> Result<()> {
     let mut h = ResponseHeader::build(status, Some(5))?;
     if let Some(r) = retry_after {
         let secs = r.as_secs() + u64::from(r.subsec_nanos() > 0);
         h.insert_header("retry-after", secs.max(1).to_string())?;
+    }
+    if let Some(t) = tenant {
+        for (k, v) in crate::tenants::headers(t) {
+            h.insert_header(k, v)?;
+        }
     }
     h.insert_header("content-type", content_type)?;
     h.insert_header("content-length", body.len().to_string())?;
@@ -445,6 +461,7 @@ pub async fn reject_after(
         e.body(ctx.anthropic()),
         &ctx.request_id,
         retry_after,
+        ctx.tenant.as_deref(),
     )
     .await?;
     Ok(true)
