@@ -239,7 +239,13 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         _ => None,
     });
     let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
+    // The tenant's ticket first: once the load table shows the request gone, so does
+    // its tenant.
     let ticket = ctx.plan.as_mut().and_then(|p| p.ticket.take());
+    let served = legs
+        .iter()
+        .any(|l| l.role == LegRole::Main && l.dispatched.is_some());
+    tenant_accounting(shared, ctx, ticket, outcome, u, served);
     let mut model: &str = ctx.plan.as_ref().map_or("-", |p| p.dest.name());
     let mut served_by: Option<String> = None;
     // The metric's instance label: a pair's decode instance (its prefill instance is in
@@ -384,7 +390,6 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
             m.split_requests.with_label_values(&["local", o]).inc();
         }
     }
-    tenant_accounting(shared, ctx, ticket, outcome, u, served_by.is_some());
     let instance = served_by.as_deref().unwrap_or("-");
     let code = status.to_string();
     let metric_instance = served_id.as_deref().unwrap_or(instance);
