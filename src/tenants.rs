@@ -174,7 +174,12 @@ impl Ticket {
         let c = &mut *guard;
         c.inflight = c.inflight.saturating_sub(1);
         for (b, limit, reserved, used) in [
-            (&mut c.input, l.input_tokens_per_minute, self.reserved_in, input),
+            (
+                &mut c.input,
+                l.input_tokens_per_minute,
+                self.reserved_in,
+                input,
+            ),
             (
                 &mut c.output,
                 l.output_tokens_per_minute,

@@ -86,10 +86,8 @@ async fn a_key_calls_only_its_tenants_models() {
         service("m-small", &[("s1", small.addr)]),
         service("big", &[("b1", big.addr)]),
     );
-    let gw = GatewayProc::start_with_env(
-        &yaml,
-        &[("TG_TEST_OTHER_KEYS", "sk-other-1, sk-other-2")],
-    );
+    let gw =
+        GatewayProc::start_with_env(&yaml, &[("TG_TEST_OTHER_KEYS", "sk-other-1, sk-other-2")]);
     // /v1/models lists what the key's tenant may call.
     assert_eq!(models(&gw, "sk-search-1").await, vec!["m-small"]);
     assert_eq!(models(&gw, "sk-other-2").await, vec!["big"]);
@@ -195,7 +193,10 @@ async fn token_limits_charge_what_a_stream_used() {
     assert_eq!(num(&r, "x-ratelimit-limit-output-tokens"), 1000);
     assert_eq!(num(&r, "x-ratelimit-limit-requests"), 100);
     let left = num(&r, "x-ratelimit-remaining-output-tokens");
-    assert!((744..=760).contains(&left), "{left}: 1000 - the 256 reserved");
+    assert!(
+        (744..=760).contains(&left),
+        "{left}: 1000 - the 256 reserved"
+    );
     assert!(header(&r, "x-ratelimit-reset-output-tokens").is_some());
     let body = r.text().await.unwrap();
     assert!(body.contains("[DONE]"), "{body}");
@@ -402,7 +403,9 @@ fn config_errors_name_the_path_and_never_the_key() {
     );
     assert!(!ok);
     assert!(
-        err.contains("tenants[0].keys_env: environment variable `TG_TEST_SURELY_UNSET_VAR` is not set"),
+        err.contains(
+            "tenants[0].keys_env: environment variable `TG_TEST_SURELY_UNSET_VAR` is not set"
+        ),
         "{err}"
     );
 }

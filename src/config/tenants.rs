@@ -82,7 +82,8 @@ pub(super) fn validate(tenants: &[TenantConfig], api_keys: &[String], errs: &mut
     // Where each key was first seen (a path, never the key).
     let mut seen: HashMap<&str, String> = HashMap::new();
     for (i, k) in api_keys.iter().enumerate() {
-        seen.entry(k.as_str()).or_insert_with(|| format!("api_keys[{i}]"));
+        seen.entry(k.as_str())
+            .or_insert_with(|| format!("api_keys[{i}]"));
     }
     for (ti, t) in tenants.iter().enumerate() {
         let at = format!("tenants[{ti}]");

@@ -176,10 +176,8 @@ fn tenant_gate(
     rt: &Runtime,
     info: &RequestInfo,
 ) -> Result<Ticket, (&'static str, GatewayError, Option<Duration>)> {
-    let allowed = t.allows(&info.model)
-        || rt
-            .resolve(&info.model)
-            .is_some_and(|d| t.allows(d.name()));
+    let allowed =
+        t.allows(&info.model) || rt.resolve(&info.model).is_some_and(|d| t.allows(d.name()));
     if !allowed {
         return Err((
             "model_not_allowed",

@@ -191,9 +191,11 @@ fn tenant_accounting(
     };
     let (_, reserved_out) = ticket.reserved();
     let started = ctx.response.first_token || (served && outcome == Outcome::Completed);
-    let input = u
-        .prompt
-        .unwrap_or(if served { plan.info.prompt_tokens_est } else { 0 });
+    let input = u.prompt.unwrap_or(if served {
+        plan.info.prompt_tokens_est
+    } else {
+        0
+    });
     let output = u
         .completion
         .unwrap_or(if started { reserved_out } else { 0 });
