@@ -450,3 +450,111 @@ fn check_print_masks_tenant_keys_and_round_trips() {
     std::fs::write(&again, &yaml).unwrap();
     assert_eq!(print(&again), yaml);
 }
+
+/// A service with one slot and a queue, and the tenants of the queueing tests.
+async fn queued_service(tenants: &str) -> (engine_sim::SimHandle, GatewayProc) {
+    let e = sim("m", "e1", 4.0).await;
+    let yaml = format!(
+        "tenants:\n{tenants}services:\n  - name: m\n    throttling: {{overflow: queue, total: 1, max_queue: 1000, queue_timeout: 60s}}\n    instances:\n      - {{id: e1, addr: \"{}\"}}\n",
+        e.addr
+    );
+    (e, GatewayProc::start(&yaml))
+}
+
+/// Sends `n` requests of `key` at once; each records its place in the order of completion
+/// (`done`, shared by every batch) under `label`.
+fn send_many(
+    gw: &GatewayProc,
+    key: &'static str,
+    label: &'static str,
+    n: usize,
+    extra: Option<(&'static str, &'static str)>,
+    done: &std::sync::Arc<parking_lot::Mutex<Vec<&'static str>>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            let url = gw.url("/v1/chat/completions");
+            let done = done.clone();
+            tokio::spawn(async move {
+                let mut r = reqwest::Client::new()
+                    .post(url)
+                    .bearer_auth(key)
+                    .json(&chat("m", Some(16), false));
+                if let Some((k, v)) = extra {
+                    r = r.header(k, v);
+                }
+                let r = r.send().await.unwrap();
+                assert_eq!(r.status(), 200);
+                r.bytes().await.unwrap();
+                done.lock().push(label);
+            })
+        })
+        .collect()
+}
+
+async fn queue_at_least(gw: &GatewayProc, n: f64) {
+    eventually("the queue to fill", || async {
+        metric(
+            &gw.metrics().await,
+            "tokengate_throttle_queue_length{service=\"m\"}",
+        )
+        .is_some_and(|q| q >= n)
+    })
+    .await;
+}
+
+/// Two backlogged tenants, one sending 10× the other, share the engine's tokens evenly
+/// (every request the same size: shares of requests are shares of tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_backlog_does_not_starve_a_light_tenant() {
+    let (_e, gw) =
+        queued_service("  - name: heavy\n    keys: [sk-h]\n  - name: light\n    keys: [sk-l]\n")
+            .await;
+    let done = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut tasks = send_many(&gw, "sk-h", "h", 100, None, &done);
+    queue_at_least(&gw, 60.0).await;
+    let before = done.lock().len();
+    tasks.extend(send_many(&gw, "sk-l", "l", 10, None, &done));
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = done.lock().clone();
+    // From the light tenant's arrival to its last answer, both were backlogged.
+    let last = order.iter().rposition(|x| *x == "l").unwrap();
+    let window = &order[before..=last];
+    let light = window.iter().filter(|x| **x == "l").count();
+    let share = light as f64 / window.len() as f64;
+    eprintln!("light share {share:.2} over {window:?}");
+    assert!(share >= 0.4, "light tenant got {share:.2}: {order:?}");
+}
+
+/// An interactive request overtakes queued ones; a request may lower its class with
+/// `x-tokengate-priority` but never raise it above its tenant's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_overtakes_and_the_header_only_lowers() {
+    let (_e, gw) = queued_service(
+        "  - name: def\n    keys: [sk-d]\n  - name: int\n    keys: [sk-i]\n    priority: interactive\n  - name: bat\n    keys: [sk-b]\n    priority: batch\n",
+    )
+    .await;
+    let done = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut tasks = send_many(&gw, "sk-d", "d", 10, None, &done);
+    queue_at_least(&gw, 8.0).await;
+    let h = ("x-tokengate-priority", "batch");
+    tasks.extend(send_many(&gw, "sk-i", "i-lowered", 1, Some(h), &done));
+    let h = ("x-tokengate-priority", "interactive");
+    tasks.extend(send_many(&gw, "sk-b", "b-raised", 1, Some(h), &done));
+    let before = done.lock().len();
+    tasks.extend(send_many(&gw, "sk-i", "i", 1, None, &done));
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = done.lock().clone();
+    let pos = |l: &str| order.iter().position(|x| *x == l).unwrap();
+    // At most the request being served and the head that was taking its slot finish
+    // between the interactive request's arrival and its answer.
+    assert!(pos("i") <= before + 3, "{order:?} (arrived after {before})");
+    // Lowered or not raised: behind every queued default request.
+    let last_d = order.iter().rposition(|x| *x == "d").unwrap();
+    assert!(pos("i-lowered") > last_d, "{order:?}");
+    assert!(pos("b-raised") > last_d, "{order:?}");
+}

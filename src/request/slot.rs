@@ -93,6 +93,36 @@ impl Denied {
     }
 }
 
+/// The header a request may lower its class with (never above its tenant's).
+pub const PRIORITY_HEADER: &str = "x-tokengate-priority";
+
+/// The request's place in a queue: its tenant's class, or the lower one it asks for with
+/// [`PRIORITY_HEADER`]; its tenant as the flow; its estimated tokens as the cost.
+fn place(plan: &Plan, headers: &http::HeaderMap) -> crate::throttle::Place {
+    use crate::config::Priority;
+    let tenant = plan.ticket.as_ref().map(|t| &t.tenant);
+    let own = tenant.map_or(Priority::Default, |t| t.priority);
+    let asked = headers
+        .get(PRIORITY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| match v.trim() {
+            "interactive" => Some(Priority::Interactive),
+            "default" => Some(Priority::Default),
+            "batch" => Some(Priority::Batch),
+            _ => None,
+        });
+    let class = asked.map_or(own, |a| a.max(own));
+    let info = &plan.info;
+    crate::throttle::Place {
+        class: class as u8,
+        flow: tenant.map_or_else(String::new, |t| t.name.clone()),
+        cost: info.prompt_tokens_est
+            + info
+                .max_tokens
+                .unwrap_or(crate::tenants::DEFAULT_OUTPUT_RESERVE),
+    }
+}
+
 fn service_of(plan: &Plan) -> &str {
     match &plan.dest {
         Dest::Service(s) => &s.name,
@@ -151,7 +181,7 @@ pub async fn take(
             Refusal::Limit,
         )));
     }
-    let ticket = match throttle.enqueue() {
+    let ticket = match throttle.enqueue_at(&place(plan, asker.headers())) {
         Ok(t) => t,
         Err(r) => return Ok(Err(Denied::refused(shared, &throttle, &service, r))),
     };
