@@ -80,6 +80,8 @@ pub struct TenantMetrics {
     pub requests: IntCounterVec,
     pub tokens: IntCounterVec,
     pub rejections: IntCounterVec,
+    /// Throttling queue wait by priority class.
+    pub queue_wait: HistogramVec,
 }
 
 impl TenantMetrics {
@@ -91,7 +93,20 @@ impl TenantMetrics {
                 .expect("unique metric names");
             c
         };
+        let queue_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "tokengate_queue_wait_by_class_seconds",
+                "Time spent in a throttling queue by priority class (interactive, default, batch), until a slot or the queue timeout",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["class"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(queue_wait.clone()))
+            .expect("unique metric names");
         TenantMetrics {
+            queue_wait,
             requests: counter(
                 "tokengate_tenant_requests_total",
                 "Requests admitted per tenant (`tenants:`; `default`: the global api_keys) and model (the service or route)",

@@ -316,6 +316,30 @@ async fn concurrency_comes_back_after_hang_ups_and_failures() {
     assert_eq!(r.status(), 200);
     let left = num(&r, "x-ratelimit-remaining-output-tokens");
     assert!(left >= 99_000, "{left}");
+    // A body above 64 KiB (proxied by a subrequest) is the tenant's too.
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-t")
+        .header("content-type", "application/json")
+        .body(chat_body("m", 100_000, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let left = num(&r, "x-ratelimit-remaining-input-tokens");
+    // (The bucket refills while the engine prefills those 25k tokens for ~3 s.)
+    assert!(
+        left < 100_000 - 10_000,
+        "{left}: the 25k-token prompt reserved"
+    );
+    r.bytes().await.unwrap();
+    gw.wait_idle().await;
+    let input = metric(
+        &gw.metrics().await,
+        "tokengate_tenant_tokens_total{kind=\"input\",model=\"m\",tenant=\"t\"}",
+    )
+    .unwrap();
+    assert!(input > 20_000.0, "{input}");
     let m = gw.metrics().await;
     let refused = metric(
         &m,
@@ -557,4 +581,10 @@ async fn interactive_overtakes_and_the_header_only_lowers() {
     let last_d = order.iter().rposition(|x| *x == "d").unwrap();
     assert!(pos("i-lowered") > last_d, "{order:?}");
     assert!(pos("b-raised") > last_d, "{order:?}");
+    // The queue's wait by class: the interactive one, the two that ended up batch.
+    let m = gw.metrics().await;
+    for (class, n) in [("interactive", 1.0), ("batch", 2.0)] {
+        let line = format!("tokengate_queue_wait_by_class_seconds_count{{class=\"{class}\"}}");
+        assert_eq!(metric(&m, &line), Some(n), "{line}:\n{m}");
+    }
 }

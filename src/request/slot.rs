@@ -93,6 +93,9 @@ impl Denied {
     }
 }
 
+/// The classes' names, by [`crate::throttle::Place::class`].
+const CLASSES: [&str; 3] = ["interactive", "default", "batch"];
+
 /// The header a request may lower its class with (never above its tenant's).
 pub const PRIORITY_HEADER: &str = "x-tokengate-priority";
 
@@ -181,7 +184,13 @@ pub async fn take(
             Refusal::Limit,
         )));
     }
-    let ticket = match throttle.enqueue_at(&place(plan, asker.headers())) {
+    let place = place(plan, asker.headers());
+    let class_wait = shared
+        .metrics
+        .tenants
+        .queue_wait
+        .with_label_values(&[CLASSES[usize::from(place.class).min(2)]]);
+    let ticket = match throttle.enqueue_at(&place) {
         Ok(t) => t,
         Err(r) => return Ok(Err(Denied::refused(shared, &throttle, &service, r))),
     };
@@ -195,6 +204,7 @@ pub async fn take(
                 Ok(leg) => {
                     wait.with_label_values(&[&service])
                         .observe(queued_at.elapsed().as_secs_f64());
+                    class_wait.observe(queued_at.elapsed().as_secs_f64());
                     return Ok(Ok(leg)); // leaving the queue wakes the next waiter
                 }
                 Err(PickError::Unavailable(e)) => return Ok(Err(Denied::unavailable(e))),
@@ -215,6 +225,7 @@ pub async fn take(
             _ = tokio::time::sleep_until(deadline) => {
                 wait.with_label_values(&[&service])
                     .observe(queued_at.elapsed().as_secs_f64());
+                class_wait.observe(queued_at.elapsed().as_secs_f64());
                 return Ok(Err(Denied::refused(
                     shared,
                     &throttle,
