@@ -15,6 +15,7 @@
 //! per gateway process (several replicas each count their own).
 
 use crate::config::{Priority, TenantConfig, TenantLimits, IMPLICIT_TENANT};
+use http::HeaderValue;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -259,9 +260,9 @@ impl TenantState {
 
     /// The `x-ratelimit-*` headers of the tenant's answers: for each per-minute limit its
     /// value, what remains and when the bucket is full again.
-    fn headers(&self, limits: &TenantLimits, now: u64) -> Vec<(&'static str, String)> {
+    fn headers(&self, limits: &TenantLimits, now: u64) -> Vec<(&'static str, HeaderValue)> {
         let mut c = self.inner.lock();
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(9);
         for (unit, limit) in [
             ("requests", limits.requests_per_minute),
             ("input-tokens", limits.input_tokens_per_minute),
@@ -291,9 +292,13 @@ impl TenantState {
                     "x-ratelimit-reset-output-tokens",
                 ),
             };
-            out.push((l, limit.to_string()));
-            out.push((r, (b.level.max(0.0).floor() as u64).to_string()));
-            out.push((s, duration_text(b.wait_for(limit, limit as f64))));
+            // Numbers become header values without a string or a check in between.
+            out.push((l, HeaderValue::from(limit)));
+            out.push((r, HeaderValue::from(b.level.max(0.0).floor() as u64)));
+            let reset = duration_text(b.wait_for(limit, limit as f64));
+            if let Ok(v) = HeaderValue::try_from(reset) {
+                out.push((s, v));
+            }
         }
         out
     }
@@ -425,7 +430,7 @@ pub fn admit(tenant: &Arc<Tenant>, input: u64, output: u64) -> Result<Ticket, Re
 }
 
 /// The tenant's `x-ratelimit-*` headers now (none without per-minute limits).
-pub fn headers(tenant: &Tenant) -> Vec<(&'static str, String)> {
+pub fn headers(tenant: &Tenant) -> Vec<(&'static str, HeaderValue)> {
     let l = &tenant.limits;
     if l.requests_per_minute.is_none()
         && l.input_tokens_per_minute.is_none()
