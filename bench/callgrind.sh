@@ -11,6 +11,7 @@
 # TENANTS=1: the config has 50 tenants (one key each, models by prefix, all four limits, high
 # enough never to refuse) and the client sends the last tenant's key: the cost of the key
 # lookup, the model check, the limits and their headers, and the tenant's accounting.
+# TENANTS=2: the same with only `concurrency` (no per-minute limit: no x-ratelimit headers).
 #
 # Usage: [SCHED=balance] [TENANTS=0] [N=1000] [WARM=200] bench/callgrind.sh [BIN ...]   (default: target/dist/tokengate)
 # Needs valgrind (apt-get install valgrind). Prints one line per binary; with OUT=FILE appends
@@ -42,10 +43,12 @@ esac
 
 TENANTS=${TENANTS:-0}
 TENANTS_YAML="" AUTH=""
-if [ "$TENANTS" = 1 ]; then
+if [ "$TENANTS" != 0 ]; then
+  LIMITS="requests_per_minute: 100000000, input_tokens_per_minute: 100000000000, output_tokens_per_minute: 100000000000, concurrency: 100000"
+  [ "$TENANTS" = 2 ] && LIMITS="concurrency: 100000"
   TENANTS_YAML="tenants:"$'\n'
   for i in $(seq 1 50); do
-    TENANTS_YAML+="  - {name: t$i, keys: [sk-bench-$i], models: [\"bench-*\"], limits: {requests_per_minute: 100000000, input_tokens_per_minute: 100000000000, output_tokens_per_minute: 100000000000, concurrency: 100000}}"$'\n'
+    TENANTS_YAML+="  - {name: t$i, keys: [sk-bench-$i], models: [\"bench-*\"], limits: {$LIMITS}}"$'\n'
   done
   AUTH="Bearer sk-bench-50"
 fi

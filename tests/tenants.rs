@@ -432,6 +432,17 @@ fn config_errors_name_the_path_and_never_the_key() {
         ),
         "{err}"
     );
+    // A model that names nothing served: valid, with a warning.
+    let (ok, err) = check_yaml(
+        "tenants:\n  - name: a\n    keys: [k1]\n    models: [m, \"qwen*\", gtp-4o]\nservices:\n  - name: m\n    instances: [{id: a, addr: \"127.0.0.1:1\"}]\n",
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("tenants[0].models[1]: \"qwen*\" matches no service, route or alias"),
+        "{err}"
+    );
+    assert!(err.contains("tenants[0].models[2]: \"gtp-4o\""), "{err}");
+    assert!(!err.contains("models[0]"), "{err}");
 }
 
 #[test]

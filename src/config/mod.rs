@@ -229,6 +229,7 @@ impl Config {
         if let Some(m) = &self.mirror {
             m.warnings(&mut w);
         }
+        tenants::warnings(self, &mut w);
         for (ri, r) in self.routes.iter().enumerate() {
             if r.decision.is_some() && !r.uses_decision() {
                 w.push(format!(

@@ -76,6 +76,38 @@ fn valid_name(n: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// A tenant's model that names nothing served: a typo, most likely (the split proxy's
+/// external entries take any name, so then nothing is said).
+pub(super) fn warnings(cfg: &super::Config, w: &mut Vec<String>) {
+    if cfg.split.is_some() {
+        return;
+    }
+    let names: Vec<&str> = cfg
+        .services
+        .iter()
+        .flat_map(|s| std::iter::once(&s.name).chain(&s.aliases))
+        .chain(
+            cfg.routes
+                .iter()
+                .flat_map(|r| std::iter::once(&r.name).chain(&r.aliases)),
+        )
+        .map(String::as_str)
+        .collect();
+    for (ti, t) in cfg.tenants.iter().enumerate() {
+        for (mi, m) in t.models.iter().enumerate() {
+            let hits = match m.strip_suffix('*') {
+                Some(p) => names.iter().any(|n| n.starts_with(p)),
+                None => names.contains(&m.as_str()),
+            };
+            if !hits {
+                w.push(format!(
+                    "tenants[{ti}].models[{mi}]: {m:?} matches no service, route or alias"
+                ));
+            }
+        }
+    }
+}
+
 /// Checks `tenants:` (and that no key is given twice, here or in `api_keys`).
 pub(super) fn validate(tenants: &[TenantConfig], api_keys: &[String], errs: &mut Vec<String>) {
     let mut names: HashMap<&str, usize> = HashMap::new();
