@@ -113,9 +113,19 @@ fn learn(
     u: Usage,
     now: u64,
 ) {
-    // What the engine really had to prefill, when it said.
+    // How the engine's tokenizer counts against the gateway's estimate.
+    if let Some(p) = u.prompt {
+        leg.instance
+            .engine
+            .observe_prompt(p, plan.info.prompt_tokens_est);
+    }
+    // What the engine really had to prefill, when it said, in the gateway's estimated tokens
+    // (the unit the cost model predicts in).
     let uncached = match (u.prompt, u.cached) {
-        (Some(p), Some(c)) => p.saturating_sub(c),
+        (Some(p), Some(c)) => {
+            let ratio = leg.instance.engine.tokens_per_estimate().unwrap_or(1.0);
+            (p.saturating_sub(c) as f64 / ratio) as u64
+        }
         _ => leg.uncached_tokens,
     };
     if let (Some(at), Some(ttft)) = (dispatched, ctx.response.ttft) {
