@@ -164,6 +164,25 @@ fn upstream_failed(e: Option<&Error>, upstream_status: Option<u16>) -> bool {
         || upstream_status.is_some_and(|s| s >= 500)
 }
 
+/// How the answer ended, the `outcome` of `tokengate_requests_total` and the access line:
+/// `complete` (whatever its status), `truncated` (the status was sent, then the answer broke
+/// off: an engine that died mid-stream, `timeouts.total`), `client_left` (the client hung up
+/// before the end), `left_queue` (it hung up while queued for a throttling slot),
+/// `no_response` (the connection ended with nothing sent, not by the client).
+fn ended_as(ctx: &Ctx, e: Option<&Error>, status: u16, client_left: bool) -> &'static str {
+    if ctx.left_queue {
+        "left_queue"
+    } else if client_left {
+        "client_left"
+    } else if status == 0 {
+        "no_response"
+    } else if e.is_none() || ctx.local_status.is_some() {
+        "complete"
+    } else {
+        "truncated"
+    }
+}
+
 /// `logging`: completes the request. Runs exactly once per request (for a request whose
 /// body went to a subrequest, in the subrequest).
 pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
@@ -195,7 +214,11 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         _ => None,
     });
     let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
-    let mut model: &str = ctx.plan.as_ref().map_or("-", |p| p.dest.name());
+    let mut model: &str = match (&ctx.plan, &ctx.refused_model) {
+        (Some(p), _) => p.dest.name(),
+        (None, Some(m)) => m,
+        (None, None) => "-",
+    };
     let mut served_by: Option<String> = None;
     // The metric's instance label: a pair's decode instance (its prefill instance is in
     // tokengate_pd_prefill_total; pairs would multiply the label values).
@@ -332,8 +355,9 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     let instance = served_by.as_deref().unwrap_or("-");
     let code = status.to_string();
     let metric_instance = served_id.as_deref().unwrap_or(instance);
+    let ended = ended_as(ctx, e, status, client_left);
     m.requests
-        .with_label_values(&[model, metric_instance, code.as_str()])
+        .with_label_values(&[model, metric_instance, code.as_str(), ended])
         .inc();
     let dur = ctx.start.elapsed();
     if !ctx.followers.is_empty() {
@@ -385,13 +409,18 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         };
         info!(
             target: "access",
-            "{} {} {} model={} instance={} status={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
+            "{} {} {} model={} instance={} status={} outcome={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
             req.method,
             req.uri.path(),
             if stream { "stream" } else { "unary" },
-            ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
+            ctx.plan
+                .as_ref()
+                .map(|r| r.info.model.as_str())
+                .or(ctx.refused_model.as_deref())
+                .unwrap_or("-"),
             instance,
             status,
+            ended,
             ctx.response
                 .ttft
                 .map_or("-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),

@@ -273,6 +273,11 @@ pub struct Ctx {
     pub local_status: Option<u16>,
     pub local_error: Option<String>,
     pub deadline_hit: bool,
+    /// The client left while queued for a throttling slot.
+    pub left_queue: bool,
+    /// The model label of a planned request refused before it had legs (throttling), whose
+    /// plan is not kept.
+    pub refused_model: Option<String>,
     /// Features following the request from its plan to its end ([`crate::hook`]: the
     /// traffic mirror's log line).
     pub followers: Vec<Box<dyn crate::hook::Follower>>,
@@ -296,6 +301,8 @@ impl Ctx {
             local_status: None,
             local_error: None,
             deadline_hit: false,
+            left_queue: false,
+            refused_model: None,
             followers: Vec::new(),
         }
     }
