@@ -189,6 +189,29 @@ impl ProxyHttp for Gateway {
         dispatch::error_while_proxy(peer, session, e, ctx, client_reused)
     }
 
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora::protocols::Digest>,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        // A throttled service's request keeps its slot until the engine lets go of the
+        // connection ([`request::linger`]).
+        let throttled = ctx
+            .main_leg()
+            .and_then(|l| l.local())
+            .is_some_and(|l| l.service.throttle.is_some());
+        ctx.upstream = if throttled {
+            request::linger::Held::of(fd)
+        } else {
+            None
+        };
+        Ok(())
+    }
+
     async fn upstream_request_filter(
         &self,
         _session: &mut Session,

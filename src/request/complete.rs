@@ -9,7 +9,7 @@
 //! [`finish`] runs once per request, from Pingora's `logging` hook, whatever path the request
 //! took; [`attempt_failed`] ends an attempt that is retried on another instance.
 
-use super::{global, pd, Ctx, Guard, LegRole, LocalLeg, Plan, To};
+use super::{global, linger, pd, Ctx, Guard, LegRole, LocalLeg, Plan, To};
 use crate::clock::now_ms;
 use crate::load::Outcome;
 use crate::runtime::{Instance, Runtime};
@@ -224,6 +224,13 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     // tokengate_pd_prefill_total; pairs would multiply the label values).
     let mut served_id: Option<String> = None;
     let mut served_service = None;
+    // An answer that did not reach its end: the engine may still be running it; the main
+    // leg's load and slot are held until it lets go ([`super::linger`]).
+    let mut lingering = if outcome != Outcome::Completed && !ctx.response.ended {
+        ctx.upstream.take()
+    } else {
+        None
+    };
     if let Some(plan) = ctx.plan.as_ref() {
         let now = now_ms();
         for leg in legs {
@@ -333,6 +340,16 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
             match (role, l.guard) {
                 // A dispatched prefill's load is released by whoever ends it (below).
                 (LegRole::Prefill, Guard::Shared(_)) => {}
+                (LegRole::Main, g) if dispatched.is_some() && lingering.is_some() => {
+                    if let Some(held) = lingering.take() {
+                        linger::release_after(
+                            held,
+                            plan.runtime.timeouts.idle,
+                            linger::step_allowance(ctx.response.max_gap),
+                            move || g.finish(outcome),
+                        );
+                    }
+                }
                 (_, g) => g.finish(outcome),
             }
         }

@@ -499,6 +499,19 @@ pub fn response_body(
             }
         }
     }
+    if body.as_ref().is_some_and(|b| !b.is_empty()) && ctx.upstream.is_some() {
+        // The gaps between chunks: about one engine step ([`super::linger`]).
+        let now = Instant::now();
+        if let Some(prev) = ctx.response.last_chunk.replace(now) {
+            let gap = now.saturating_duration_since(prev);
+            if ctx.response.max_gap.is_none_or(|g| gap > g) {
+                ctx.response.max_gap = Some(gap);
+            }
+        }
+    }
+    if end_of_stream {
+        ctx.response.ended = true;
+    }
     if let Some(b) = body.as_ref() {
         if let Some(sse) = ctx.response.sse.as_mut() {
             if let Some(replaced) = sse.feed(b) {
