@@ -488,3 +488,69 @@ async fn a_client_hanging_up_does_not_let_the_engine_exceed_the_limit() {
         assert_eq!(st.requests_aborted, round + 1, "{st:?}");
     }
 }
+
+/// The overload run of issue 27: three times as many streaming clients as slots
+/// (`total: 4`), every tenth one hanging up after its first tokens; the engine's own peak
+/// batch never exceeds the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_overload_with_clients_giving_up_the_engine_batch_stays_within_the_limit() {
+    let e = engine_sim::spawn_local(engine_sim::SimConfig {
+        id: "e1".into(),
+        model: "m".into(),
+        prefill_tps: 100_000.0,
+        time_scale: 1.0,
+        decode_step_ms: 25.0,
+        decode_per_req_ms: 0.0,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let fleet = vec![e];
+    let gw = gw(
+        "{overflow: queue, total: 4, queue_timeout: 60s}",
+        &fleet,
+        "",
+    );
+    let c = reqwest::Client::new();
+    let clients: Vec<_> = (0..12)
+        .map(|k| {
+            let c = c.clone();
+            let url = gw.url("/v1/chat/completions");
+            tokio::spawn(async move {
+                let mut gave_up = 0;
+                for i in 0..6 {
+                    let n = k * 6 + i;
+                    let body = serde_json::json!({"model": "m", "stream": true, "max_tokens": 12,
+                        "messages": [{"role": "user", "content": format!("r{n}")}]});
+                    let r = c.post(&url).json(&body).send().await.unwrap();
+                    assert_eq!(r.status(), 200);
+                    let mut s = r.bytes_stream();
+                    use futures_util::StreamExt;
+                    if n % 10 == 3 {
+                        // Gives up after its first tokens.
+                        let _ = s.next().await;
+                        gave_up += 1;
+                        continue;
+                    }
+                    while let Some(chunk) = s.next().await {
+                        chunk.unwrap();
+                    }
+                }
+                gave_up
+            })
+        })
+        .collect();
+    let mut gave_up = 0;
+    for h in clients {
+        gave_up += h.await.unwrap();
+    }
+    assert_eq!(gave_up, 7);
+    gw.wait_idle().await;
+    let st = fleet[0].stats();
+    assert!(
+        st.max_running <= 4,
+        "the engine ran {} requests at once against a limit of 4 ({st:?})",
+        st.max_running
+    );
+    assert_eq!(st.requests_finished + st.requests_aborted, 72, "{st:?}");
+}

@@ -10,7 +10,7 @@
 //! then half-closes it (the engine reads the end of the request stream: vLLM's and SGLang's
 //! servers, and engine-sim, abort the request), reads until the engine closes its side (at
 //! most `timeouts.idle`, whatever it still sends is discarded), waits two of the engine's
-//! steps ([`step_allowance`]: an engine drops a request it found disconnected from its
+//! steps at least ([`step_allowance`]: an engine drops a request it found disconnected from its
 //! batch at its next step, and the connection closes before that) and only then releases
 //! the load guard, which wakes the throttling queue. Only requests of throttled services
 //! hold their socket this way; a complete answer releases at once.
@@ -46,10 +46,11 @@ impl std::fmt::Debug for Held {
 /// How long after the engine closed the connection the slot is still held: two engine
 /// steps (`gap`: the longest silence between the answer's chunks; the engine drops the
 /// request at its next step, the second is the margin for an engine running late), within
-/// 10 ms … 1 s; 100 ms when no chunk gap was seen (the request was still in its prefill).
+/// 100 ms … 1 s. The floor: a client that leaves after its first chunks shows no step yet
+/// (the first two chunks of a stream often come together).
 pub fn step_allowance(gap: Option<Duration>) -> Duration {
-    gap.map_or(Duration::from_millis(100), |g| g * 2)
-        .clamp(Duration::from_millis(10), Duration::from_secs(1))
+    gap.map_or(Duration::ZERO, |g| g * 2)
+        .clamp(Duration::from_millis(100), Duration::from_secs(1))
 }
 
 /// Ends the upstream request on `held` and calls `release` once the engine has let go (see
