@@ -234,11 +234,21 @@ impl ProxyHttp for Gateway {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        dispatch::response_header(resp, ctx)
+        dispatch::response_header(resp, ctx)?;
+        if session.req_header().version == http::Version::HTTP_10
+            && resp.headers.get(http::header::CONTENT_LENGTH).is_none()
+        {
+            // HTTP/1.0 has no chunked encoding (Pingora adds it to a body of unknown length,
+            // a stream): the body is delimited by closing the connection instead.
+            resp.remove_header(&http::header::TRANSFER_ENCODING);
+            resp.insert_header(http::header::CONNECTION, "close")?;
+            session.set_keepalive(None);
+        }
+        Ok(())
     }
 
     fn response_body_filter(

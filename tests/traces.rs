@@ -235,3 +235,30 @@ async fn throttling_refusals_carry_the_model_and_leaving_clients_their_own_outco
     })
     .await;
 }
+
+/// An HTTP/1.0 client has no chunked encoding: a stream reaches it close-delimited, even
+/// when it asked to keep the connection alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_stream_is_close_delimited() {
+    let m = Mock::start().await;
+    let gw = GatewayProc::start(&format!("services:\n{}", service("m", &[("up-1", m.addr)])));
+    let body = String::from_utf8(chat_body("m", 200, true)).unwrap();
+    for keep_alive in ["", "connection: keep-alive\r\n"] {
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.0\r\nhost: x\r\nx-mock: sse\r\ncontent-type: application/json\r\n{keep_alive}content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        // `raw` reads until the gateway closes the connection.
+        let answer = raw(&gw, req.as_bytes()).await;
+        assert_eq!(status_of(&answer), 200, "{answer}");
+        let (head, rest) = answer.split_once("\r\n\r\n").unwrap();
+        let head = head.to_ascii_lowercase();
+        assert!(!head.contains("transfer-encoding"), "{head}");
+        assert!(!head.contains("content-length"), "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        // The events themselves, no chunk sizes between them.
+        assert!(rest.starts_with("data: "), "{rest:?}");
+        assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest:?}");
+    }
+    gw.wait_idle().await;
+}
