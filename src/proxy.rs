@@ -145,6 +145,9 @@ impl ProxyHttp for Gateway {
             ctx.legs = h.legs;
             return Ok(false);
         }
+        // Requests pipelined behind this one (sent before its answer) are answered after
+        // it, in order, on the same connection (RFC 9112 §9.3.2), not dropped with it.
+        session.downstream_session.set_pipelining_enabled(true);
         let id = session
             .req_header()
             .headers

@@ -262,3 +262,39 @@ async fn an_http_1_0_stream_is_close_delimited() {
     }
     gw.wait_idle().await;
 }
+
+/// Requests pipelined on one connection (sent before the first answer) are all answered,
+/// in order, not dropped with a closed connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order() {
+    let m = Mock::start().await;
+    let gw = GatewayProc::start(&format!("services:\n{}", service("m", &[("up-1", m.addr)])));
+    let body = String::from_utf8(chat_body("m", 200, false)).unwrap();
+    let req = |id: &str, last: bool| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-request-id: {id}\r\ncontent-type: application/json\r\n{}content-length: {}\r\n\r\n{body}",
+            if last { "connection: close\r\n" } else { "" },
+            body.len()
+        )
+    };
+    let all = format!(
+        "{}{}{}",
+        req("pipe-1", false),
+        req("pipe-2", false),
+        req("pipe-3", true)
+    );
+    // `raw` reads until the gateway closes the connection (after the third answer).
+    let answer = raw(&gw, all.as_bytes()).await;
+    assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 3, "{answer}");
+    let at = |id: &str| {
+        answer
+            .find(&format!("\"request_id\":\"{id}\""))
+            .unwrap_or_else(|| panic!("no answer for {id}: {answer}"))
+    };
+    assert!(
+        at("pipe-1") < at("pipe-2") && at("pipe-2") < at("pipe-3"),
+        "{answer}"
+    );
+    assert_eq!(m.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    gw.wait_idle().await;
+}
