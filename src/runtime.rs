@@ -422,6 +422,8 @@ pub struct Runtime {
     pub admin_token: Option<Vec<u8>>,
     pub max_body_bytes: usize,
     pub timeouts: Timeouts,
+    /// Routing headers on or off, the engines' headers that pass (`response_headers:`).
+    pub response_headers: crate::config::ResponseHeaders,
     /// Bytes per prefix block: `prefix_index.block_size` tokens × 4 bytes.
     pub block_bytes: usize,
     /// Tokens per prefix block.
@@ -861,6 +863,7 @@ impl Runtime {
             admin_token: cfg.admin_token.as_ref().map(|t| t.as_bytes().to_vec()),
             max_body_bytes: cfg.max_body_bytes,
             timeouts: cfg.timeouts.clone(),
+            response_headers: cfg.response_headers.clone(),
             block_bytes: block_tokens * crate::api::BYTES_PER_TOKEN,
             block_tokens,
             memory: crate::memory::MemoryPolicy::new(

@@ -24,6 +24,7 @@ mod pd;
 mod policy;
 mod prefix_index;
 mod reload;
+mod response;
 mod routes;
 mod scheduler;
 mod secret;
@@ -42,6 +43,7 @@ pub use pd::{PdMode, PdSettings};
 pub use policy::{KeySource, PluginSettings, PolicySettings, UnboundSessions};
 pub use prefix_index::{CostModelSettings, PrefixIndexSettings};
 pub use reload::ReloadSettings;
+pub use response::ResponseHeaders;
 pub use routes::{RouteBy, RouteConfig, Routing, TargetConfig};
 pub use scheduler::{
     AffinitySettings, LeastCachedSettings, PrefixSettings, SchedulerConfig,
@@ -103,6 +105,10 @@ pub struct Config {
     pub routing: Routing,
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// The routing headers (`x-tokengate-instance`, `x-tokengate-reason`) and which of the
+    /// engines' own `x-*` headers reach clients.
+    #[serde(default)]
+    pub response_headers: ResponseHeaders,
     /// The served models, each a pool of engine instances.
     #[serde(default)]
     pub services: Vec<ServiceConfig>,
@@ -189,6 +195,7 @@ impl Config {
         let mut errs = Vec::new();
         self.validate_listeners(&mut errs);
         self.timeouts.validate(&mut errs);
+        self.response_headers.validate(&mut errs);
         let names = services::validate(&self.services, self.prefix_index.block_size, &mut errs);
         self.health_check.validate(&mut errs);
         self.passive_health.validate(&mut errs);
