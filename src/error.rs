@@ -24,11 +24,16 @@ pub enum GatewayError {
     #[error("{0}")]
     RequestTimeout(String),
     #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("{0}")]
     TooManyRequests(String),
     #[error("{0}")]
     BadGateway(String),
     #[error("{0}")]
     Unavailable(String),
+    /// No throttling slot freed within `queue_timeout` (503 with `Retry-After`).
+    #[error("{0}")]
+    QueueTimeout(String),
     #[error("{0}")]
     GatewayTimeout(String),
     #[error("{0}")]
@@ -45,9 +50,10 @@ impl GatewayError {
             GatewayError::MethodNotAllowed(_) => 405,
             GatewayError::RequestTimeout(_) => 408,
             GatewayError::PayloadTooLarge(_) => 413,
+            GatewayError::UnsupportedMediaType(_) => 415,
             GatewayError::TooManyRequests(_) => 429,
             GatewayError::BadGateway(_) => 502,
-            GatewayError::Unavailable(_) => 503,
+            GatewayError::Unavailable(_) | GatewayError::QueueTimeout(_) => 503,
             GatewayError::GatewayTimeout(_) => 504,
             GatewayError::Internal(_) => 500,
         }
@@ -59,6 +65,7 @@ impl GatewayError {
             GatewayError::BadRequest(_)
             | GatewayError::MethodNotAllowed(_)
             | GatewayError::PayloadTooLarge(_)
+            | GatewayError::UnsupportedMediaType(_)
             | GatewayError::RequestTimeout(_) => "invalid_request_error",
             GatewayError::Unauthorized(_) => "authentication_error",
             GatewayError::ModelNotAllowed(_) => "permission_error",
@@ -79,9 +86,11 @@ impl GatewayError {
             GatewayError::MethodNotAllowed(_) => "method_not_allowed",
             GatewayError::RequestTimeout(_) => "request_timeout",
             GatewayError::PayloadTooLarge(_) => "request_too_large",
+            GatewayError::UnsupportedMediaType(_) => "unsupported_media_type",
             GatewayError::TooManyRequests(_) => "rate_limit_exceeded",
             GatewayError::BadGateway(_) => "upstream_error",
             GatewayError::Unavailable(_) => "no_healthy_upstream",
+            GatewayError::QueueTimeout(_) => "queue_timeout",
             GatewayError::GatewayTimeout(_) => "upstream_timeout",
             GatewayError::Internal(_) => "internal_error",
         }
@@ -92,13 +101,14 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_)
             | GatewayError::MethodNotAllowed(_)
+            | GatewayError::UnsupportedMediaType(_)
             | GatewayError::RequestTimeout(_) => "invalid_request_error",
             GatewayError::Unauthorized(_) => "authentication_error",
             GatewayError::ModelNotAllowed(_) => "permission_error",
             GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => "not_found_error",
             GatewayError::PayloadTooLarge(_) => "request_too_large",
             GatewayError::TooManyRequests(_) => "rate_limit_error",
-            GatewayError::Unavailable(_) => "overloaded_error",
+            GatewayError::Unavailable(_) | GatewayError::QueueTimeout(_) => "overloaded_error",
             GatewayError::GatewayTimeout(_) => "timeout_error",
             _ => "api_error",
         }

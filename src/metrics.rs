@@ -132,9 +132,9 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "tokengate_requests_total",
-                "Requests answered, by model, instance (\"-\" when none was chosen) and status code",
+                "Requests answered, by model, instance (\"-\" when none was chosen), status code (0: none was sent) and outcome: complete, truncated (the status was sent, then the answer broke off), client_left, left_queue (the client hung up while queued for a throttling slot), no_response",
             ),
-            &["model", "instance", "code"],
+            &["model", "instance", "code", "outcome"],
         )
         .expect("metric");
         let duration = HistogramVec::new(
@@ -403,12 +403,19 @@ impl Metrics {
         let protocol_errors = IntCounterVec::new(
             Opts::new(
                 "tokengate_protocol_errors_total",
-                "Client connections the gateway answered at the protocol level before any request was read, by reason: head_timeout (the request head was not complete within timeouts.client_head: 408, connection closed)",
+                "Client connections the gateway answered at the protocol level before any request was read, by reason: head_timeout (the request head was not complete within timeouts.client_head: 408), head_too_large (a head above 64 KiB: 431), too_many_headers (more than 256 head lines: 431), bad_request (a head the HTTP parser refused, e.g. two Content-Lengths, an unknown Transfer-Encoding, a garbage request line: 400); each closes the connection",
             ),
             &["reason"],
         )
         .expect("metric");
-        protocol_errors.with_label_values(&["head_timeout"]);
+        for r in [
+            "head_timeout",
+            "head_too_large",
+            "too_many_headers",
+            "bad_request",
+        ] {
+            protocol_errors.with_label_values(&[r]);
+        }
         // Both results exist from the start (a rate over them works before any reload).
         for r in ["ok", "error"] {
             reloads.with_label_values(&[r]);

@@ -52,9 +52,6 @@ pub struct Instance {
     pub bootstrap_port: Option<u16>,
     /// An `https://` instance: SNI, verification, the CA.
     pub tls: Option<Arc<crate::tls::TlsPeer>>,
-    /// The engine's KV cache in prefix blocks from the config (`cache_tokens` ÷
-    /// `prefix_index.block_size`); see [`Self::cache_blocks`].
-    pub config_cache_blocks: Option<u64>,
     /// `cache_tokens` as configured.
     pub config_cache_tokens: Option<u64>,
     /// `engine_metrics.cache_size`: without `cache_tokens`, the engine's reported size counts.
@@ -81,29 +78,34 @@ impl HasLoad for Instance {
 }
 
 impl Instance {
-    /// The most blocks the prefix index lets this instance hold: its `cache_tokens`, else
-    /// (with `engine_metrics.cache_size`) the KV cache size its engine reports, in blocks of
-    /// `block_tokens`. `None`: unbounded (also for a size under one block).
+    /// The most blocks the prefix index lets this instance hold: [`Self::cache_tokens`] in
+    /// blocks of `block_tokens`. `None`: unbounded (also for a size under one block).
     pub fn cache_blocks(&self, block_tokens: usize) -> Option<u64> {
-        self.config_cache_blocks
-            .or_else(|| {
-                self.engine_cache_size
-                    .then(|| self.engine.cache_tokens())
-                    .flatten()
-                    .map(|t| t / block_tokens.max(1) as u64)
-            })
+        self.cache_tokens()
+            .map(|t| t / block_tokens.max(1) as u64)
             .filter(|b| *b > 0)
     }
 
-    /// The engine's KV cache in tokens when known: `cache_tokens`, else (with
-    /// `engine_metrics.cache_size`) what its engine reports.
-    pub fn cache_tokens(&self) -> Option<u64> {
+    /// The engine's KV cache in tokens as the engine counts them, when known: `cache_tokens`,
+    /// else (with `engine_metrics.cache_size`) what its engine reports.
+    pub fn engine_cache_tokens(&self) -> Option<u64> {
         self.config_cache_tokens
             .or_else(|| {
                 self.engine_cache_size
                     .then(|| self.engine.cache_tokens())
                     .flatten()
             })
+            .filter(|t| *t > 0)
+    }
+
+    /// [`Self::engine_cache_tokens`] in the gateway's estimated tokens (the unit of the
+    /// prefix index and of the in-flight figures): divided by the engine's tokens per
+    /// estimated token, as learned from its reports (an engine whose tokenizer counts twice
+    /// the estimate holds half as many estimated tokens).
+    pub fn cache_tokens(&self) -> Option<u64> {
+        let ratio = self.engine.tokens_per_estimate().unwrap_or(1.0);
+        self.engine_cache_tokens()
+            .map(|t| (t as f64 / ratio) as u64)
             .filter(|t| *t > 0)
     }
 
@@ -422,6 +424,8 @@ pub struct Runtime {
     pub admin_token: Option<Vec<u8>>,
     pub max_body_bytes: usize,
     pub timeouts: Timeouts,
+    /// Routing headers on or off, the engines' headers that pass (`response_headers:`).
+    pub response_headers: crate::config::ResponseHeaders,
     /// Bytes per prefix block: `prefix_index.block_size` tokens × 4 bytes.
     pub block_bytes: usize,
     /// Tokens per prefix block.
@@ -640,9 +644,6 @@ impl Runtime {
                     engine_cache_size: s.engine_metrics.as_ref().is_some_and(|e| e.cache_size),
                     config_cache_tokens: i.cache_tokens,
                     config_block_tokens: i.cache_block_tokens,
-                    config_cache_blocks: i
-                        .cache_tokens
-                        .map(|t| t / cfg.prefix_index.block_size.max(1) as u64),
                     origin,
                     host_header,
                     auth,
@@ -868,6 +869,7 @@ impl Runtime {
             admin_token: cfg.admin_token.as_ref().map(|t| t.as_bytes().to_vec()),
             max_body_bytes: cfg.max_body_bytes,
             timeouts: cfg.timeouts.clone(),
+            response_headers: cfg.response_headers.clone(),
             block_bytes: block_tokens * crate::api::BYTES_PER_TOKEN,
             block_tokens,
             memory: crate::memory::MemoryPolicy::new(
@@ -950,6 +952,8 @@ impl Runtime {
                     "placed_blocks": s.index.placed_blocks(i.key),
                     "cache_blocks": i.cache_blocks(self.block_tokens),
                     "cache_tokens": i.cache_tokens(),
+                    "engine_cache_tokens": i.engine_cache_tokens(),
+                    "tokens_per_estimate": i.engine.tokens_per_estimate(),
                     "cache_block_tokens": i.engine_block_tokens(),
                     "slots": i.throttle.as_ref().map(|_| match i.role {
                         // A decode node's slots: its requests from dispatch to completion.

@@ -24,6 +24,7 @@ mod pd;
 mod policy;
 mod prefix_index;
 mod reload;
+mod response;
 mod routes;
 mod scheduler;
 mod secret;
@@ -43,6 +44,7 @@ pub use pd::{PdMode, PdSettings};
 pub use policy::{KeySource, PluginSettings, PolicySettings, UnboundSessions};
 pub use prefix_index::{CostModelSettings, PrefixIndexSettings};
 pub use reload::ReloadSettings;
+pub use response::ResponseHeaders;
 pub use routes::{RouteBy, RouteConfig, Routing, TargetConfig};
 pub use scheduler::{
     AffinitySettings, LeastCachedSettings, PrefixSettings, SchedulerConfig,
@@ -108,6 +110,10 @@ pub struct Config {
     pub routing: Routing,
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// The routing headers (`x-tokengate-instance`, `x-tokengate-reason`) and which of the
+    /// engines' own `x-*` headers reach clients.
+    #[serde(default)]
+    pub response_headers: ResponseHeaders,
     /// The served models, each a pool of engine instances.
     #[serde(default)]
     pub services: Vec<ServiceConfig>,
@@ -195,6 +201,7 @@ impl Config {
         self.validate_listeners(&mut errs);
         tenants::validate(&self.tenants, &self.api_keys, &mut errs);
         self.timeouts.validate(&mut errs);
+        self.response_headers.validate(&mut errs);
         let names = services::validate(&self.services, self.prefix_index.block_size, &mut errs);
         self.health_check.validate(&mut errs);
         self.passive_health.validate(&mut errs);

@@ -70,6 +70,32 @@ fn authorize(req: &RequestHeader, rt: &Runtime) -> Result<Option<Arc<Tenant>>, G
     Err(GatewayError::Unauthorized(msg.into()))
 }
 
+/// The body is JSON: a `Content-Type` that says so (`application/json`,
+/// `application/*+json`, any parameters), or none. Anything else is a 415: a browser's
+/// cross-site form (`text/plain`, `application/x-www-form-urlencoded`,
+/// `multipart/form-data`) posts without a CORS preflight, so a JSON API that took it would
+/// answer any web page its visitors open.
+fn json_content_type(req: &RequestHeader) -> Result<(), GatewayError> {
+    let Some(v) = req.headers.get(http::header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.split(';').next())
+        .map(|s| s.trim().to_ascii_lowercase());
+    let json = essence.as_deref().is_some_and(|m| {
+        m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+    });
+    if json {
+        return Ok(());
+    }
+    Err(GatewayError::UnsupportedMediaType(format!(
+        "Content-Type {:?} is not JSON; send the body as application/json",
+        String::from_utf8_lossy(v.as_bytes())
+    )))
+}
+
 /// Admits the request or answers it. `Ok(None)`: answered (a local endpoint or a refusal).
 pub async fn admit(
     session: &mut Session,
@@ -111,6 +137,10 @@ pub async fn admit(
             reject(session, ctx, e.status(), e).await?;
             return Ok(None);
         }
+    }
+    if let Err(e) = json_content_type(session.req_header()) {
+        reject(session, ctx, e.status(), e).await?;
+        return Ok(None);
     }
     let max = rt.max_body_bytes;
     if let Some(cl) = header_str(session.req_header(), "content-length") {

@@ -22,6 +22,7 @@ pub mod attempt;
 pub mod complete;
 pub mod dispatch;
 pub mod global;
+pub mod linger;
 pub mod pd;
 pub mod plan;
 pub mod slot;
@@ -250,6 +251,12 @@ pub struct ResponseState {
     /// The current attempt ended with this retryable engine status (see
     /// `dispatch::on_response_header`); the next attempt releases it.
     pub retry_status: Option<u16>,
+    /// The upstream's answer reached its end.
+    pub ended: bool,
+    /// When the last chunk of the answer arrived, and the longest gap between two chunks
+    /// (about an engine step: [`linger`]).
+    pub last_chunk: Option<Instant>,
+    pub max_gap: Option<Duration>,
 }
 
 /// Per-request context (Pingora's CTX).
@@ -277,6 +284,13 @@ pub struct Ctx {
     pub local_status: Option<u16>,
     pub local_error: Option<String>,
     pub deadline_hit: bool,
+    /// The client left while queued for a throttling slot.
+    pub left_queue: bool,
+    /// The model label of a planned request refused before it had legs (throttling), whose
+    /// plan is not kept.
+    pub refused_model: Option<String>,
+    /// The current attempt's upstream socket, held until the engine lets go ([`linger`]).
+    pub upstream: Option<linger::Held>,
     /// Features following the request from its plan to its end ([`crate::hook`]: the
     /// traffic mirror's log line).
     pub followers: Vec<Box<dyn crate::hook::Follower>>,
@@ -304,6 +318,9 @@ impl Ctx {
             local_status: None,
             local_error: None,
             deadline_hit: false,
+            left_queue: false,
+            refused_model: None,
+            upstream: None,
             followers: Vec::new(),
             tenant: None,
             tenant_refused: None,

@@ -82,12 +82,13 @@ impl Denied {
         let error = if status == 429 {
             GatewayError::TooManyRequests(msg)
         } else {
-            GatewayError::Unavailable(msg)
+            GatewayError::QueueTimeout(msg)
         };
         Denied {
             error,
             status,
-            retry_after: (status == 429).then_some(st.retry_after),
+            // Every refusal is a "come back later", the queue's timeout too.
+            retry_after: Some(st.retry_after),
             overflow,
         }
     }
