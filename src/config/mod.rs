@@ -236,7 +236,9 @@ impl Config {
         if let Some(m) = &self.mirror {
             m.warnings(&mut w);
         }
-        tenants::warnings(self, &mut w);
+        if self.split.is_none() {
+            tenants::warnings(&self.tenants, &self.services, &self.routes, &mut w);
+        }
         for (ri, r) in self.routes.iter().enumerate() {
             if r.decision.is_some() && !r.uses_decision() {
                 w.push(format!(

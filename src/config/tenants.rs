@@ -78,22 +78,23 @@ fn valid_name(n: &str) -> bool {
 
 /// A tenant's model that names nothing served: a typo, most likely (the split proxy's
 /// external entries take any name, so then nothing is said).
-pub(super) fn warnings(cfg: &super::Config, w: &mut Vec<String>) {
-    if cfg.split.is_some() {
-        return;
-    }
-    let names: Vec<&str> = cfg
-        .services
+pub(super) fn warnings(
+    tenants: &[TenantConfig],
+    services: &[super::services::ServiceConfig],
+    routes: &[super::routes::RouteConfig],
+    w: &mut Vec<String>,
+) {
+    let names: Vec<&str> = services
         .iter()
         .flat_map(|s| std::iter::once(&s.name).chain(&s.aliases))
         .chain(
-            cfg.routes
+            routes
                 .iter()
                 .flat_map(|r| std::iter::once(&r.name).chain(&r.aliases)),
         )
         .map(String::as_str)
         .collect();
-    for (ti, t) in cfg.tenants.iter().enumerate() {
+    for (ti, t) in tenants.iter().enumerate() {
         for (mi, m) in t.models.iter().enumerate() {
             let hits = match m.strip_suffix('*') {
                 Some(p) => names.iter().any(|n| n.starts_with(p)),
