@@ -3,7 +3,8 @@
 //! The plan's pipeline picks among instances with a free slot and the leg takes the slot
 //! atomically ([`super::plan::pick`]). When every available instance is at its limits (or the
 //! service pool is full), the service's `overflow` decides: `reject` refuses at once (429 with
-//! `Retry-After`), `queue` waits in the service's FIFO queue — only its head tries for a slot,
+//! `Retry-After`), `queue` waits in the service's queue (FIFO, or by tenant class and fair share:
+//! [`crate::throttle`]) — only its head tries for a slot,
 //! woken when one is released; a new request queues behind waiting ones — until it gets a
 //! slot (the pipeline then picks among the instances with a free slot, so affinity and prefix
 //! still apply), the queue is full (429), `queue_timeout` passes (503) or the client hangs up
@@ -159,7 +160,8 @@ pub async fn take(
     plan: &Plan,
     tried: &[InstanceKey],
 ) -> Result<Result<Legs, Denied>> {
-    // FIFO: while requests wait for this service, a newcomer queues behind them.
+    // While requests wait for this service, a newcomer queues (behind them, or where its
+    // class and its tenant's share put it).
     let waiting = match &plan.dest {
         Dest::Service(s) => s
             .throttle
