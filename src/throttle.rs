@@ -378,4 +378,25 @@ mod tests {
         drop((heavy, light, batch, inter));
         assert_eq!(t.queued(), 0);
     }
+
+    #[test]
+    fn a_waiter_past_the_starvation_guard_is_not_overtaken() {
+        let t = Arc::new(Throttle::new(settings(100)));
+        let at = |class: u8| Place {
+            class,
+            flow: String::new(),
+            cost: 100,
+        };
+        let old = t.enqueue_at(&at(2)).unwrap();
+        let young = t.enqueue_at(&at(2)).unwrap();
+        // The first batch waiter has waited past the guard (moved back in time, no sleep).
+        if let Some(w) = t.queue.lock().waiters.front_mut() {
+            w.since = std::time::Instant::now()
+                .checked_sub(STARVATION_GUARD)
+                .unwrap();
+        }
+        let inter = t.enqueue_at(&at(0)).unwrap();
+        assert!(old.is_head());
+        assert_eq!((inter.position(), young.position()), (2, 3));
+    }
 }
