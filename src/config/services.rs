@@ -16,11 +16,13 @@ use tokengate_plugins::LbPolicy;
 pub struct ServiceConfig {
     /// The model name clients send (`"model": "qwen3-32b"`).
     pub name: String,
-    /// `least-token`, `least-request`, `round-robin` or `predicted-ttft`. Default:
-    /// `predicted-ttft` under a layered scheduler, else `least-token`.
+    /// `least-token` (default), `least-request`, `round-robin` or `predicted-ttft`: the
+    /// balancer (the last layer of a layered scheduler). Set without `scheduler`: plain
+    /// balancing, nothing else.
     #[serde(default)]
     pub load_balancing: Option<LbPolicy>,
-    /// Layered or policy scheduling; absent = `load_balancing` alone.
+    /// Layered or policy scheduling; absent = layered with its defaults when the service has
+    /// several instances and no `load_balancing`, else `load_balancing` alone.
     #[serde(default)]
     pub scheduler: Option<SchedulerConfig>,
     /// Scrape the engines' own load figures from their Prometheus metrics (vLLM or SGLang
