@@ -823,10 +823,15 @@ impl Stage for PrefixStage {
             })
         });
         if hit.is_none() && cx.headline.is_none() {
-            let cached = |s: usize| {
+            let prompt = cx.req.prompt_tokens;
+            let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
+            // A holder without KV room would not have been chosen anyway: that check's note
+            // explains it, the reason stays the lower layer's.
+            let spill = |s: usize| {
                 f64::from(cx.rows[s].matched) / f64::from(prompt_blocks) >= p.min_hit_ratio
+                    && (cx.cands[s].kv_fits(prompt) || !any_fits)
             };
-            if spilled.is_some_and(cached) {
+            if spilled.is_some_and(spill) {
                 // The prompt is cached, but waiting for its holder costs more than
                 // recomputing it elsewhere plus the copy's placement: the layers below choose.
                 cx.headline = Some(Cow::Borrowed(PREFIX_SPILL));
