@@ -178,7 +178,7 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
           on { print }' "${from%% *}")
         [ -n "$body" ] || { echo "no service '${from#* }' in ${from%% *}" >&2; exit 1; }
       else
-        body=$(grep -v '^#' "$f" | sed 's/^/    /')
+        body=$({ grep -v '^#' "$f" || true; } | sed 's/^/    /') # tg-nokey: no key at all
       fi
       ENGINES=$n_routed start_tokengate "$body"
       cp "$WORK/gw.yaml" "$RUN_DIR/gateway.yaml"

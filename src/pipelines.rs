@@ -6,8 +6,9 @@
 //!
 //! | config | pipeline |
 //! |---|---|
-//! | no `scheduler` | filters → [`FirstHit`] with no stage (load balancing) |
-//! | `mode: layered` | filters → [`FirstHit`]: [`AffinityStage`] → [`PrefixStage`] → balancing (by default `predicted-ttft`, with the prefix layer on and comparing predicted TTFTs) |
+//! | no `scheduler`, no `load_balancing`, more than one instance | as `mode: layered` with its defaults |
+//! | no `scheduler` otherwise | filters → [`FirstHit`] with no stage (load balancing) |
+//! | `mode: layered` | filters → [`FirstHit`]: [`AffinityStage`] → [`PrefixStage`] → [`LeastCachedStage`] → balancing (`least-token`), the prefix layer comparing the cost of waiting for the prefix's holder with recomputing elsewhere ([`Adaptive`]) |
 //! | `mode: policy` (service) | filters → [`WeightedSum`] of the plugins' scorers |
 //! | `route_by: policy` | the same over every target's instances, with `DecisionTarget` after the filters when a `decision-service` plugin is listed |
 //!
@@ -19,18 +20,18 @@ use crate::api::{Api, RequestInfo};
 use crate::config::{
     KeySource, PolicySettings, SchedulerConfig, ServiceConfig, DEFAULT_AFFINITY_TTFT_SLACK,
     DEFAULT_AFFINITY_TTFT_TOLERANCE, DEFAULT_COST_MIN_HIT, DEFAULT_PREFIX_LOAD_TOLERANCE,
-    DEFAULT_PREFIX_MIN_HIT, DEFAULT_PREFIX_WAITING_THRESHOLD, DEFAULT_TTFT_SLACK,
-    DEFAULT_TTFT_TOLERANCE,
+    DEFAULT_PREFIX_MIN_HIT, DEFAULT_PREFIX_PLACEMENT, DEFAULT_PREFIX_WAITING_CAP,
+    DEFAULT_PREFIX_WAITING_THRESHOLD, DEFAULT_TTFT_SLACK, DEFAULT_TTFT_TOLERANCE,
 };
 use log::info;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokengate_plugins::{
-    AffinityStage, Available, BuildCtx, CostModel, CostTolerance, DecisionTarget, Eligibility,
-    Escape, FirstHit, HasFreeSlot, LbPolicy, LeastCachedStage, Needs, NotTried, Pipeline, Plugin,
-    PrefixLayerConfig, PrefixStage, Role, RoleIs, Scorer, SessionConfig, SessionKey, SessionTable,
-    WeightedSum,
+    Adaptive, AffinityStage, Available, BuildCtx, CostModel, CostTolerance, DecisionTarget,
+    Eligibility, Escape, FirstHit, HasFreeSlot, LbPolicy, LeastCachedStage, Needs, NotTried,
+    Pipeline, Plugin, PrefixLayerConfig, PrefixStage, Role, RoleIs, Scorer, SessionConfig,
+    SessionKey, SessionTable, WeightedSum,
 };
 
 /// The tolerance of a predicted-TTFT rule, from optional settings.
@@ -213,7 +214,18 @@ pub fn service(
     let who = format!("service {}", s.name);
     // A disaggregated service's scheduler picks among the prefill instances.
     let role = s.pd.as_ref().map(|_| Role::Prefill);
-    Ok(match &s.scheduler {
+    // A service that says nothing about scheduling gets the layered scheduler with its
+    // defaults (one instance has nothing to choose between); `load_balancing` alone is an
+    // explicit choice of plain balancing.
+    let implied;
+    let scheduler = match &s.scheduler {
+        None if s.load_balancing.is_none() && s.instances.len() > 1 => {
+            implied = SchedulerConfig::default_layered();
+            Some(&implied)
+        }
+        sc => sc.as_ref(),
+    };
+    Ok(match scheduler {
         None => {
             let lb = s.load_balancing.unwrap_or(LbPolicy::LeastToken);
             Scheduler::new(
@@ -275,16 +287,19 @@ pub fn service(
                     // The seed's fixed ratios, with its defaults for what is not given.
                     let e = Eligibility::Load {
                         load_tolerance: p.load_tolerance.unwrap_or(0.3),
-                        waiting_threshold: p.waiting_threshold.unwrap_or(2),
+                        waiting_threshold: p
+                            .waiting_threshold
+                            .unwrap_or(DEFAULT_PREFIX_WAITING_THRESHOLD),
                     };
                     (e, 0.5)
                 } else {
-                    // The default: sticky to the instance holding the prefix unless it is far
-                    // above the average load or has a long queue (see DEFAULT_PREFIX_*).
-                    let e = Eligibility::Load {
+                    // The default: the holder of the prefix while waiting there costs less
+                    // than recomputing elsewhere plus the copy's placement (DEFAULT_PREFIX_*).
+                    let e = Eligibility::Adaptive(Adaptive {
+                        placement: DEFAULT_PREFIX_PLACEMENT,
                         load_tolerance: DEFAULT_PREFIX_LOAD_TOLERANCE,
-                        waiting_threshold: DEFAULT_PREFIX_WAITING_THRESHOLD,
-                    };
+                        waiting_cap: DEFAULT_PREFIX_WAITING_CAP,
+                    });
                     (e, DEFAULT_PREFIX_MIN_HIT)
                 };
                 fh = fh.then(PrefixStage(PrefixLayerConfig {

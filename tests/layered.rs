@@ -297,3 +297,103 @@ async fn the_memory_bound_evicts_the_index() {
     })
     .await;
 }
+
+/// No scheduling key at all (the default is the layered scheduler): a hot tenant whose
+/// requests pile up on the engine holding its system prompt gets a second engine once that
+/// one's queue costs more than recomputing the prompt elsewhere plus the copy, and no third
+/// one; a cold tenant stays on the one engine that holds its prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_hot_tenant_spreads_over_two_engines_and_a_cold_one_stays_on_one() {
+    // Slow prefill (1,000 tokens/s): a 300-token question waits 0.3 s per request queued
+    // ahead of it, so a burst sent at once queues on the engines.
+    let mut fleet = Vec::new();
+    for i in 1..=4 {
+        fleet.push(
+            engine_sim::spawn_local(engine_sim::SimConfig {
+                id: format!("e{i}"),
+                model: "m".into(),
+                prefill_tps: 1000.0,
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    // System prompts of ~1,200 tokens (4 bytes a token), questions of ~300, unique at their
+    // start so that only the system prompt is shared.
+    let system = |t: &str| -> String { (0..600).map(|i| format!("{t}{i:06} ")).collect() };
+    let (hot, cold) = (system("h"), system("c"));
+    let question = |k: usize| -> String { format!("q{k:04} {}", "x".repeat(1190)) };
+    // Each tenant's first request: placed by least-cached on an empty cache.
+    let r = post(&c, &gw, &chat(&hot, &question(0), 1, false), &[]).await;
+    let hot_home = inst(&r);
+    r.bytes().await.unwrap();
+    let r = post(&c, &gw, &chat(&cold, &question(1), 1, false), &[]).await;
+    let cold_home = inst(&r);
+    r.bytes().await.unwrap();
+    assert_ne!(hot_home, cold_home);
+    // The burst: 11 hot requests and 4 cold ones at once. Staying costs the holder's queue +
+    // ~300 tokens, moving ~1,500 tokens (the whole prompt) + 1,200 (the copy it evicts), +
+    // a decode step either way: the holder keeps 8 hot requests (the old fixed limit of 2
+    // waiting kept 3), the second home 4 more before a third would open.
+    let mut tasks = Vec::new();
+    for k in 0..15 {
+        let cold_one = k % 4 == 1;
+        let body = if cold_one {
+            chat(&cold, &question(100 + k), 1, false)
+        } else {
+            chat(&hot, &question(100 + k), 1, false)
+        };
+        let (c, url) = (c.clone(), gw.url("/v1/chat/completions"));
+        tasks.push(tokio::spawn(async move {
+            let r = c.post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let out = (inst(&r), reason(&r));
+            r.bytes().await.unwrap();
+            (cold_one, out)
+        }));
+    }
+    let mut hot_on = std::collections::BTreeMap::<String, usize>::new();
+    let mut cold_on = std::collections::BTreeSet::new();
+    let mut reasons = Vec::new();
+    for t in tasks {
+        let (is_cold, (i, why)) = t.await.unwrap();
+        if is_cold {
+            assert!(why.starts_with("prefix("), "cold: {why}");
+            cold_on.insert(i);
+        } else {
+            *hot_on.entry(i).or_default() += 1;
+            reasons.push(why);
+        }
+    }
+    assert_eq!(
+        cold_on.into_iter().collect::<Vec<_>>(),
+        vec![cold_home.clone()],
+        "the cold tenant stays home"
+    );
+    assert_eq!(
+        hot_on.len(),
+        2,
+        "the hot tenant on two engines: {hot_on:?} {reasons:?}"
+    );
+    assert!(hot_on.contains_key(&hot_home), "{hot_on:?}");
+    assert!(!hot_on.contains_key(&cold_home), "{hot_on:?}");
+    assert!(hot_on[&hot_home] >= 6, "{hot_on:?} {reasons:?}");
+    // One request opened the second home (the prompt was cached, but its holder's queue cost
+    // more), and every other went by the prefix.
+    assert_eq!(
+        reasons.iter().filter(|r| *r == "prefix-spill").count(),
+        1,
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().filter(|r| r.starts_with("prefix(")).count() == 10,
+        "{reasons:?}"
+    );
+    gw.wait_idle().await;
+}

@@ -14,10 +14,13 @@
 //!    * The table's `ttl` and `max_entries` are the table's own ([`SessionTable`]).
 //! 2. **Prefix cache** ([`PrefixStage`]): reads the prompt's match against the prefix index
 //!    ([`RequestView::prefix`]); hit ratio = matched blocks / prompt blocks, per candidate. A
-//!    candidate is eligible when load ≤ average × (1 + `load_tolerance`, default 0.3) and
-//!    waiting ≤ `waiting_threshold` (default 2). The eligible candidate with the longest
+//!    candidate is eligible by its [`Eligibility`]: the gateway's default compares the cost
+//!    of waiting for it with recomputing elsewhere plus the copy's placement ([`Adaptive`]);
+//!    the fixed rule wants load ≤ average × (1 + `load_tolerance`, default 0.3) and waiting ≤
+//!    `waiting_threshold` (default 2). The eligible candidate with the longest
 //!    match wins (ties: lower load, then a rotation by `turn`) if its ratio ≥ `min_hit_ratio`
-//!    (default 0.50); otherwise it is a miss. Reason `prefix(0.83)`. Where the engines' cache
+//!    (default 0.50); otherwise it is a miss. Reason `prefix(0.83)`, or `prefix-spill` when
+//!    the adaptive rule moved a cached prompt away and a lower layer chose. Where the engines' cache
 //!    sizes are known, an instance without room for the prompt next to its in-flight and
 //!    recently completed requests ([`Candidate::kv_fits`]) is not eligible either, while
 //!    another has room.
@@ -498,6 +501,10 @@ impl Stage for AffinityStage {
     }
 }
 
+/// The reason of a request whose prompt was cached on an instance the adaptive comparison
+/// moved it away from ([`Adaptive`]); the explanation names the layer that then chose.
+pub const PREFIX_SPILL: &str = "prefix-spill";
+
 /// With cost eligibility, the prefix layer also skips an instance whose in-flight load is
 /// above the average × (1 + this) ...
 pub const COST_LOAD_CAP: f64 = 3.0;
@@ -516,6 +523,95 @@ pub enum Eligibility {
     /// Predicted TTFT within a tolerance of the best candidate's (and under the safety caps
     /// [`COST_LOAD_CAP`], [`COST_WAITING_CAP`]).
     Cost(CostTolerance),
+    /// Stay or move, by comparing costs ([`Adaptive`]): the default.
+    Adaptive(Adaptive),
+}
+
+/// The default prefix eligibility: a candidate holding `m` blocks of the prompt is eligible
+/// while waiting there costs no more than moving, i.e. while
+///
+/// ```text
+///   est(holder)  <=  min over j holding less of  est(j) + placement × copy(j)
+/// ```
+///
+/// * `est` — the predicted TTFT ([`CostModel`]): the queued prefill ahead of the request (ours
+///   and, with engine metrics, others') at the instance's learned rate, plus its own uncached
+///   part there, plus a decode step. On the holder the own part is small; on `j` it is the
+///   recomputation of whatever `j` lacks.
+/// * `copy(j)` — the placement term: the tokens the holder has and `j` would have to write,
+///   at `j`'s rate. A copy elsewhere evicts as much of what `j` caches (someone else's prefix,
+///   which its next turns recompute), so the move is charged for it once more, × `placement`.
+///   Zero when `j`'s cache is known to have room for the prompt beside what was placed on it.
+///
+/// So the holder of a long prompt is waited for longer than the holder of a short one (moving
+/// a long prompt recomputes and evicts more), and a hot tenant's prefix gets a second home
+/// when its first has a queue longer than a recomputation plus a copy elsewhere — and not
+/// before; once two instances hold it they share it (equal matches go to the lower load).
+/// Nothing is a fixed count of requests: the figures are the fleet's own (learned rates,
+/// queued tokens). The caps `load_tolerance` / `waiting_cap` are safety rails only.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adaptive {
+    /// Weight of the placement term (1 = a copy evicts as much as it writes, recomputed once).
+    pub placement: f64,
+    /// Never preferred when its load > average × (1 + this).
+    pub load_tolerance: f64,
+    /// Never preferred with more requests than this waiting for their first token.
+    pub waiting_cap: u64,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Adaptive {
+            placement: 1.0,
+            load_tolerance: COST_LOAD_CAP,
+            waiting_cap: COST_WAITING_CAP,
+        }
+    }
+}
+
+/// What the adaptive comparison said about one holder ([`Adaptive`]).
+#[derive(Clone, Copy, Debug)]
+struct Verdict {
+    /// The holder's predicted TTFT, ms.
+    stay_ms: f64,
+    /// The cheapest move: its candidate, its predicted TTFT and its placement term, ms.
+    to: Option<(usize, f64, f64)>,
+}
+
+impl Verdict {
+    fn stays(&self) -> bool {
+        self.to
+            .is_none_or(|(_, est, copy)| self.stay_ms <= est + copy)
+    }
+}
+
+/// The adaptive comparison for candidate `i` (which holds `cx.rows[i].matched` blocks).
+fn adaptive_verdict(cx: &LayerCtx<'_, '_>, a: &Adaptive, i: usize, any_fits: bool) -> Verdict {
+    let m = cx.rows[i].matched;
+    let bt = cx.req.block_tokens.max(1) as f64;
+    let prompt = cx.req.prompt_tokens;
+    let mut to: Option<(usize, f64, f64)> = None;
+    for (j, c) in cx.cands.iter().enumerate() {
+        let mj = cx.rows[j].matched;
+        if j == i || mj >= m || (any_fits && !c.kv_fits(prompt)) {
+            continue;
+        }
+        let Some(e) = cx.est.get(j) else { continue };
+        let room = c.cache_tokens > 0
+            && c.placed_blocks.saturating_mul(cx.req.block_tokens) + prompt <= c.cache_tokens;
+        let copy = if room {
+            0.0
+        } else {
+            a.placement.max(0.0) * f64::from(m - mj) * bt * 1000.0 / e.tps.max(1.0)
+        };
+        if to.is_none_or(|(_, est, cp)| e.ms + copy < est + cp) {
+            to = Some((j, e.ms, copy));
+        }
+    }
+    Verdict {
+        stay_ms: cx.est.get(i).map_or(0.0, |e| e.ms),
+        to,
+    }
 }
 
 /// Layer 2 settings.
@@ -583,14 +679,73 @@ impl Stage for PrefixStage {
     }
 
     fn uses_cost(&self) -> bool {
-        matches!(self.0.eligibility, Eligibility::Cost(_))
+        matches!(
+            self.0.eligibility,
+            Eligibility::Cost(_) | Eligibility::Adaptive(_)
+        )
     }
 
     fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
         let p = &self.0;
         let n = cx.cands.len();
         let prompt_blocks = cx.req.prompt_blocks();
+        // The longest-match holder the adaptive comparison moved away from (for the reason).
+        let mut spilled: Option<usize> = None;
         match p.eligibility {
+            Eligibility::Adaptive(a) => {
+                let limit = cx.avg_load * (1.0 + a.load_tolerance);
+                if cx.req.explain {
+                    cx.notes.push(format!(
+                        "prefix: eligible if est <= min over those holding less of (est + copy*{}) && load <= avg*(1+{})={limit:.1} && waiting <= {}, hit if matched/{prompt_blocks} >= {:.2}, longest match wins (tie: lower load)",
+                        a.placement, a.load_tolerance, a.waiting_cap, p.min_hit_ratio
+                    ));
+                }
+                let prompt = cx.req.prompt_tokens;
+                let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
+                let best_m = cx.rows.iter().map(|r| r.matched).max().unwrap_or(0);
+                let mut said = String::new();
+                for i in 0..n {
+                    if cx.rows[i].load as f64 > limit || cx.cands[i].waiting > a.waiting_cap {
+                        cx.rows[i].ineligible = true;
+                        continue;
+                    }
+                    if cx.rows[i].matched == 0 {
+                        continue;
+                    }
+                    let v = adaptive_verdict(cx, &a, i, any_fits);
+                    if !v.stays() {
+                        cx.rows[i].ineligible = true;
+                        if cx.rows[i].matched == best_m
+                            && spilled.is_none_or(|s| cx.rows[i].load < cx.rows[s].load)
+                        {
+                            spilled = Some(i);
+                        }
+                    }
+                    if cx.req.explain {
+                        let (verb, term) = if v.stays() {
+                            ("stays", "wait")
+                        } else {
+                            ("moves", "recompute+placement")
+                        };
+                        match v.to {
+                            Some((j, est, copy)) => {
+                                let _ = write!(
+                                    said,
+                                    " #{}:{verb}({term}: {:.0}ms vs #{} {est:.0}+copy {copy:.0}ms)",
+                                    cx.cands[i].idx, v.stay_ms, cx.cands[j].idx
+                                );
+                            }
+                            None => {
+                                let _ =
+                                    write!(said, " #{}:stays(nowhere holds less)", cx.cands[i].idx);
+                            }
+                        }
+                    }
+                }
+                if !said.is_empty() {
+                    cx.notes.push(format!("prefix: holders:{said}"));
+                }
+            }
             Eligibility::Load {
                 load_tolerance,
                 waiting_threshold,
@@ -658,14 +813,31 @@ impl Stage for PrefixStage {
                 best = Some(i);
             }
         }
-        let b = best?;
-        let m = cx.rows[b].matched;
-        let ratio = f64::from(m) / f64::from(prompt_blocks);
-        (m > 0 && ratio >= p.min_hit_ratio).then(|| Hit {
-            pos: b,
-            layer: Layer::Prefix,
-            reason: Cow::Owned(format!("prefix({ratio:.2})")),
-        })
+        let hit = best.and_then(|b| {
+            let m = cx.rows[b].matched;
+            let ratio = f64::from(m) / f64::from(prompt_blocks);
+            (m > 0 && ratio >= p.min_hit_ratio).then(|| Hit {
+                pos: b,
+                layer: Layer::Prefix,
+                reason: Cow::Owned(format!("prefix({ratio:.2})")),
+            })
+        });
+        if hit.is_none() && cx.headline.is_none() {
+            let prompt = cx.req.prompt_tokens;
+            let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
+            // A holder without KV room would not have been chosen anyway: that check's note
+            // explains it, the reason stays the lower layer's.
+            let spill = |s: usize| {
+                f64::from(cx.rows[s].matched) / f64::from(prompt_blocks) >= p.min_hit_ratio
+                    && (cx.cands[s].kv_fits(prompt) || !any_fits)
+            };
+            if spilled.is_some_and(spill) {
+                // The prompt is cached, but waiting for its holder costs more than
+                // recomputing it elsewhere plus the copy's placement: the layers below choose.
+                cx.headline = Some(Cow::Borrowed(PREFIX_SPILL));
+            }
+        }
+        hit
     }
 }
 
@@ -1348,5 +1520,188 @@ mod tests {
         ];
         let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
         assert!(!d.reason.starts_with("prefix"), "{}", d.reason);
+    }
+
+    /// The default pipeline's layers over a cost model at 1,000 tokens/s and no decode step:
+    /// a predicted TTFT in ms is the number of tokens to prefill.
+    fn adaptive_pipeline() -> Pipeline {
+        let model = Arc::new(CostModel::new(crate::cost::CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 0.0,
+            ..Default::default()
+        }));
+        Pipeline::new(
+            FirstHit::balance(LbPolicy::LeastToken)
+                .with_cost(model)
+                .then(PrefixStage(PrefixLayerConfig {
+                    min_hit_ratio: 0.1,
+                    eligibility: Eligibility::Adaptive(Adaptive::default()),
+                }))
+                .then(LeastCachedStage(CostTolerance::default())),
+        )
+    }
+
+    fn queued(i: usize, prefill_tokens: u64, waiting: u64) -> Candidate {
+        Candidate {
+            prefill_tokens,
+            waiting,
+            inflight_tokens: prefill_tokens,
+            inflight_requests: waiting,
+            ..cand(i, 0, 0, 0)
+        }
+    }
+
+    #[test]
+    fn a_long_prompt_waits_longer_for_its_holder_than_a_short_one() {
+        let p = adaptive_pipeline();
+        // The queue on the holder (#0) at which a prompt it holds whole stops going there.
+        let spill_at = |blocks: u64| -> u64 {
+            let index = PrefixIndex::default();
+            let prompt: Vec<u64> = (0..blocks).collect();
+            let holder = cand(0, 0, 0, 0);
+            index.insert(&prompt, holder.key, 0);
+            let m = index.match_prefix(&prompt, 0);
+            let r = RequestView {
+                blocks: &prompt,
+                prefix: Some(&m),
+                prompt_tokens: blocks * 16,
+                block_tokens: 16,
+                explain: true,
+                ..Default::default()
+            };
+            for q in (0..20_000).step_by(100) {
+                let cs = [queued(0, q, q / 1000), queued(1, 0, 0), queued(2, 0, 0)];
+                let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+                if d.pos != 0 {
+                    assert_eq!(d.reason, PREFIX_SPILL, "{}", d.explain());
+                    let e = d.explain();
+                    assert!(e.contains("#0:moves(recompute+placement: "), "{e}");
+                    return q;
+                }
+                assert_eq!(d.reason, "prefix(1.00)", "{}", d.explain());
+            }
+            panic!("never left the holder");
+        };
+        let short = spill_at(16); // 256 tokens: recompute 256 ms + placement 256 ms
+        let long = spill_at(256); // 4,096 tokens
+        assert_eq!(short, 600, "the first queue above 512 ms");
+        assert_eq!(long, 8200, "the first queue above 8,192 ms");
+        // (8 waiting there at the end: four times the old fixed limit of 2.)
+        assert!(long > short);
+    }
+
+    #[test]
+    fn a_hot_tenants_second_home_opens_when_its_first_is_saturated_and_not_before() {
+        let p = adaptive_pipeline();
+        let index = PrefixIndex::default();
+        // The tenant's system prompt: 128 blocks (2,048 tokens); each request adds 32 blocks
+        // of its own (512 tokens), different every time.
+        let system: Vec<u64> = (0..128).collect();
+        let mut cs: Vec<Candidate> = (0..4).map(|i| queued(i, 0, 0)).collect();
+        index.insert(&system, cs[0].key, 0);
+        let mut next = 1_000u64;
+        let mut send = |cs: &mut Vec<Candidate>| {
+            let mut prompt = system.clone();
+            prompt.extend(next..next + 32);
+            next += 32;
+            let m = index.match_prefix(&prompt, 0);
+            let r = RequestView {
+                blocks: &prompt,
+                prefix: Some(&m),
+                prompt_tokens: 160 * 16,
+                block_tokens: 16,
+                explain: true,
+                ..Default::default()
+            };
+            let d = p.pick(&r, cs, &mut StdRng::seed_from_u64(0)).unwrap();
+            // Dispatch: the chosen instance queues the tokens it does not hold.
+            let c = &mut cs[d.pos];
+            let own = r.uncached_tokens(c);
+            c.prefill_tokens += own;
+            c.inflight_tokens += own;
+            c.waiting += 1;
+            c.inflight_requests += 1;
+            index.insert(&prompt, c.key, 0);
+            (d.pos, d.reason.to_string(), d.explain())
+        };
+        // Moving costs 2,560 ms (the whole prompt elsewhere) + 2,048 ms (the copy of the
+        // system prompt there): the holder keeps the tenant while waiting there (its queue +
+        // 512 ms) costs no more — 9 requests waiting, where the old fixed limit was 2.
+        for k in 0..8 {
+            let (pos, why, e) = send(&mut cs);
+            assert_eq!((pos, why.as_str()), (0, "prefix(0.80)"), "request {k}: {e}");
+        }
+        assert_eq!(cs[0].prefill_tokens, 4096);
+        assert!(cs[1..].iter().all(|c| c.waiting == 0));
+        // 4,096 + 512 = 4,608: equal costs stay.
+        let (pos, why, e) = send(&mut cs);
+        assert_eq!((pos, why.as_str()), (0, "prefix(0.80)"), "{e}");
+        // Now the holder is saturated: the next request goes elsewhere (the emptiest cache)
+        // and says why.
+        let (home2, why, e) = send(&mut cs);
+        assert_ne!(home2, 0, "{e}");
+        assert_eq!(why, PREFIX_SPILL, "{e}");
+        assert!(e.contains("then=least-cached"), "{e}");
+        assert!(
+            e.contains("#0:moves(recompute+placement: 5120ms vs #"),
+            "{e}"
+        );
+        // The tenant has two homes now: its requests go to the second while the first drains,
+        // by the prefix (not another spill), and no third home opens.
+        for k in 0..4 {
+            let (pos, why, e) = send(&mut cs);
+            assert_eq!(
+                (pos, why.as_str()),
+                (home2, "prefix(0.80)"),
+                "request {k}: {e}"
+            );
+        }
+        let homes = cs.iter().filter(|c| c.waiting > 0).count();
+        assert_eq!(homes, 2);
+        // When the first home drains, the tenant uses it again (equal matches: lower load).
+        cs[0].prefill_tokens = 0;
+        cs[0].inflight_tokens = 0;
+        cs[0].waiting = 0;
+        let (pos, why, _) = send(&mut cs);
+        assert_eq!((pos, why.as_str()), (0, "prefix(0.80)"));
+    }
+
+    #[test]
+    fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_freely() {
+        let p = adaptive_pipeline();
+        let index = PrefixIndex::default();
+        let prompt: Vec<u64> = (0..64).collect(); // 1,024 tokens
+        let mut cs: Vec<Candidate> = (0..3).map(|i| queued(i, 0, 0)).collect();
+        index.insert(&prompt, cs[0].key, 0);
+        let m = index.match_prefix(&prompt, 0);
+        let r = RequestView {
+            blocks: &prompt,
+            prefix: Some(&m),
+            prompt_tokens: 1024,
+            block_tokens: 16,
+            explain: true,
+            ..Default::default()
+        };
+        let pick = |cs: &[Candidate]| p.pick(&r, cs, &mut StdRng::seed_from_u64(0)).unwrap();
+        // 1,500 queued: below 1,024 + 1,024 → stays.
+        cs[0] = queued(0, 1500, 3);
+        assert_eq!(pick(&cs).reason, "prefix(1.00)");
+        // The others' caches are known to have room: a copy evicts nothing, only the
+        // recomputation (1,024 ms) counts, and 1,500 ms is more.
+        for c in &mut cs[1..] {
+            c.cache_tokens = 100_000;
+        }
+        let d = pick(&cs);
+        assert_eq!(d.reason, PREFIX_SPILL, "{}", d.explain());
+        assert!(d.explain().contains("+copy 0ms"), "{}", d.explain());
+        // Waiting above the cap: not chosen for its cache, whatever the costs (the layers
+        // below decide; this is no spill).
+        let mut cs: Vec<Candidate> = (0..3).map(|i| queued(i, 0, 0)).collect();
+        cs[0] = queued(0, 100, COST_WAITING_CAP + 1);
+        let d = pick(&cs);
+        assert_eq!(d.reason, "least-cached", "{}", d.explain());
+        let e = d.explain();
+        assert!(e.contains("wait=17,match=64(1.00),est=100ms"), "{e}");
+        assert!(e.contains("@1.0k/s),ineligible #1:"), "{e}");
     }
 }

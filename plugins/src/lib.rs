@@ -45,8 +45,8 @@ pub use decision::{AffinityOutcome, Decision, Dropped, Layer, Trace};
 pub use filter::{Available, DecisionTarget, HasFreeSlot, NotTried, RoleIs};
 pub use hash::{block_hashes, block_hashes_into, InstanceKey, SessionKey};
 pub use layered::{
-    AffinityMode, AffinityStage, CostTolerance, Eligibility, Escape, FirstHit, LeastCachedStage,
-    PrefixLayerConfig, PrefixStage, Stage,
+    Adaptive, AffinityMode, AffinityStage, CostTolerance, Eligibility, Escape, FirstHit,
+    LeastCachedStage, PrefixLayerConfig, PrefixStage, Stage, PREFIX_SPILL,
 };
 pub use pair::PairPicker;
 pub use pipeline::{Completion, Filter, Outcome, Picker, Pipeline};

@@ -21,19 +21,28 @@ pub const DEFAULT_AFFINITY_TTFT_TOLERANCE: f64 = 0.25;
 pub const DEFAULT_AFFINITY_TTFT_SLACK: Duration = Duration::from_millis(25);
 /// Default `min_hit_ratio` of the prefix layer when it compares predicted TTFTs.
 pub const DEFAULT_COST_MIN_HIT: f64 = 0.1;
-/// The default prefix layer (no `ttft_*`, `load_tolerance` or `waiting_threshold` given):
-/// an instance holding the prefix is preferred while its in-flight load ≤ average × (1 +
-/// this) ...
+/// The default prefix layer (no `ttft_*`, `load_tolerance` or `waiting_threshold` given)
+/// compares costs ([`tokengate_plugins::Adaptive`]): an instance holding the prefix is
+/// preferred while its predicted TTFT ≤ the cheapest instance holding less's predicted TTFT +
+/// this × the copy's placement (the tokens the copy would write, and so evict, there, at its
+/// rate). Until issue 34 the default was a fixed "at most 2 waiting" (16 → 4 → 2 each took a
+/// hot-spot seed's p99 down on `bench/tail.sh`), which gave a hot tenant's prefix away
+/// whenever one engine could not serve the whole tenant (`bench/results/matrix.md`).
+pub const DEFAULT_PREFIX_PLACEMENT: f64 = 1.0;
+/// The default prefix layer's safety rails: never preferred with in-flight load > average ×
+/// (1 + this) (cannot bind with 4 instances or fewer) ...
 pub const DEFAULT_PREFIX_LOAD_TOLERANCE: f64 = 3.0;
-/// ... and at most this many of its requests wait for their first token (the cap that binds:
-/// with 4 instances or fewer none can exceed 4 × the average load; 16 → 4 → 2 each took a
-/// hot-spot seed's p99 down on the agentic benchmark and left the others level,
-/// `bench/results/tail-explore.md`) ...
+/// ... or more than this many requests waiting for their first token.
+pub const DEFAULT_PREFIX_WAITING_CAP: u64 = 16;
+/// The fixed-limit rule's waiting threshold when only `load_tolerance` is given (the
+/// pre-issue-34 default).
 pub const DEFAULT_PREFIX_WAITING_THRESHOLD: u64 = 2;
-/// ... for a request with at least this share of its prompt cached there.
+/// The default prefix layer's hit: at least this share of the prompt cached there.
 pub const DEFAULT_PREFIX_MIN_HIT: f64 = 0.1;
 
-/// How instances of one service are chosen. Absent: the service's `load_balancing` alone.
+/// How instances of one service are chosen. Absent: layered with its defaults
+/// ([`SchedulerConfig::default_layered`]), unless the service sets `load_balancing` (then
+/// that alone) or has a single instance.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "mode", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum SchedulerConfig {
@@ -105,10 +114,11 @@ impl Default for AffinitySettings {
     }
 }
 
-/// The prefix layer. By default an instance holding a prefix is preferred unless its load
-/// exceeds `DEFAULT_PREFIX_LOAD_TOLERANCE` / `DEFAULT_PREFIX_WAITING_THRESHOLD`; with
-/// `ttft_tolerance` / `ttft_slack` set, while its predicted TTFT stays within them of the best
-/// candidate's; with `load_tolerance` or `waiting_threshold` set, the seed's fixed limits.
+/// The prefix layer. By default an instance holding a prefix is preferred while waiting
+/// there costs less than recomputing the prompt elsewhere plus the copy's placement
+/// ([`DEFAULT_PREFIX_PLACEMENT`]); with `ttft_tolerance` / `ttft_slack` set, while its
+/// predicted TTFT stays within them of the best candidate's; with `load_tolerance` or
+/// `waiting_threshold` set, the seed's fixed limits.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrefixSettings {
@@ -123,7 +133,7 @@ pub struct PrefixSettings {
     #[serde(default)]
     pub load_tolerance: Option<f64>,
     /// Fixed limit: not preferred when more requests than this wait for their first token
-    /// (default 2).
+    /// (default 2 once a fixed limit is set).
     #[serde(default)]
     pub waiting_threshold: Option<u64>,
     /// Preferred while its predicted TTFT ≤ best × (1 + this) + `ttft_slack` (default 0.5).
@@ -132,6 +142,18 @@ pub struct PrefixSettings {
     /// See `ttft_tolerance` (default 50ms).
     #[serde(default, with = "humantime_serde")]
     pub ttft_slack: Option<Duration>,
+}
+
+impl SchedulerConfig {
+    /// What a service with more than one instance and neither `scheduler` nor
+    /// `load_balancing` gets: `{mode: layered}` with every default.
+    pub fn default_layered() -> Self {
+        SchedulerConfig::Layered {
+            affinity: d_affinity(),
+            prefix: PrefixSettings::default(),
+            least_cached: LeastCachedSettings::default(),
+        }
+    }
 }
 
 impl Default for PrefixSettings {

@@ -25,11 +25,13 @@ pub struct ServiceConfig {
     /// names the alias the client sent.
     #[serde(default)]
     pub aliases: Vec<String>,
-    /// `least-token`, `least-request`, `round-robin` or `predicted-ttft`. Default:
-    /// `predicted-ttft` under a layered scheduler, else `least-token`.
+    /// `least-token` (default), `least-request`, `round-robin` or `predicted-ttft`: the
+    /// balancer (the last layer of a layered scheduler). Set without `scheduler`: plain
+    /// balancing, nothing else.
     #[serde(default)]
     pub load_balancing: Option<LbPolicy>,
-    /// Layered or policy scheduling; absent = `load_balancing` alone.
+    /// Layered or policy scheduling; absent = layered with its defaults when the service has
+    /// several instances and no `load_balancing`, else `load_balancing` alone.
     #[serde(default)]
     pub scheduler: Option<SchedulerConfig>,
     /// Scrape the engines' own load figures from their Prometheus metrics (vLLM or SGLang
