@@ -34,6 +34,7 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod mirror;
+pub mod otel;
 pub mod pipelines;
 pub mod probe;
 pub mod proxy;

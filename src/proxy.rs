@@ -55,6 +55,10 @@ impl Gateway {
         let Some(admitted) = admit::admit(session, ctx, rt).await? else {
             return Ok(true);
         };
+        if let Some(o) = self.shared.otel.as_ref() {
+            let req = session.req_header();
+            ctx.trace = Some(o.start(&req.headers, ctx.start, req.uri.path()));
+        }
         // Forwarded by another region's gateway: never forwarded again.
         let hop = session
             .req_header()
@@ -65,11 +69,35 @@ impl Gateway {
             Ok(p) => p,
             Err(e) => return request::reject(session, ctx, e.status(), e).await,
         };
+        let followers = ctx.followers.len();
         self.on_planned(session.req_header(), &plan, &body, &mut ctx.followers);
+        if let Some(t) = ctx.trace.as_mut() {
+            let (operation, provider) = match plan.api {
+                crate::api::Api::Completions => ("text_completion", "openai"),
+                crate::api::Api::Messages => ("chat", "anthropic"),
+                crate::api::Api::ChatCompletions | crate::api::Api::Responses => ("chat", "openai"),
+            };
+            t.planned(crate::otel::Planned {
+                operation,
+                provider,
+                model: &plan.info.model,
+                max_tokens: plan.info.max_tokens,
+                stream: plan.info.stream,
+                dest: plan.dest.name(),
+            });
+            if ctx.followers.len() > followers {
+                t.event("mirrored", Vec::new());
+            }
+        }
+        let queued = ctx.trace.is_some().then(std::time::Instant::now);
         // Admission to an instance: a throttling slot (reject, or wait in the queue); what
         // this region cannot take may go to another region's gateway, or, with the split
         // proxy's local entry set to fail over, to an external API ([`request::attempt`]).
-        let legs = match attempt::admit(&self.shared, session, &plan).await? {
+        let admitted = attempt::admit(&self.shared, session, &plan).await?;
+        if let (Some(t), Some(q)) = (ctx.trace.as_mut(), queued) {
+            t.admitted(q.elapsed(), admitted.as_ref().err().map(|d| d.status));
+        }
+        let legs = match admitted {
             Ok(legs) => legs,
             Err(d) => {
                 return request::reject_after(session, ctx, d.status, d.error, d.retry_after).await;
@@ -88,6 +116,7 @@ impl Gateway {
                     legs,
                     content_type,
                     followers: std::mem::take(&mut ctx.followers),
+                    trace: ctx.trace.take(),
                 },
             )
             .await?;
@@ -133,6 +162,7 @@ impl ProxyHttp for Gateway {
             ctx.set_request_id(Some(&id));
             ctx.api = Some(h.plan.api);
             ctx.followers = h.followers;
+            ctx.trace = h.trace;
             ctx.plan = Some(h.plan);
             ctx.body = Some(h.body);
             ctx.legs = h.legs;

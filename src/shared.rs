@@ -25,6 +25,8 @@ pub struct Shared {
     /// Traffic mirroring: the sampler and the queue of copies (its settings are the
     /// runtime's, so a reload applies them).
     pub mirror: Arc<Mirror>,
+    /// OpenTelemetry traces (`tracing:`, read at start); `None`: off.
+    pub otel: Option<Arc<crate::otel::Otel>>,
 }
 
 impl Shared {
@@ -33,7 +35,14 @@ impl Shared {
         let metrics = Metrics::new();
         let rt = Runtime::build(cfg, None, &metrics)?;
         let mirror = Arc::new(Mirror::new(&metrics));
+        let otel = match cfg.tracing.as_ref() {
+            Some(t) => Some(Arc::new(
+                crate::otel::Otel::new(t, metrics.registry()).map_err(|e| ConfigErrors(vec![e]))?,
+            )),
+            None => None,
+        };
         Ok(Arc::new(Shared {
+            otel,
             mirror,
             runtime: ArcSwap::from_pointee(rt),
             metrics,

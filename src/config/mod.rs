@@ -31,6 +31,7 @@ mod services;
 mod split;
 mod throttling;
 mod timeouts;
+mod tracing;
 
 pub use crate::tls::TlsSettings;
 pub use decision::{DecisionSettings, ProviderConfig};
@@ -54,6 +55,7 @@ pub use services::{EngineMetricsSettings, ServiceConfig};
 pub use split::{SplitFailover, SplitProxy, SplitSettings, SplitStrategy};
 pub use throttling::ThrottlingSettings;
 pub use timeouts::Timeouts;
+pub use tracing::{OtlpProtocol, OtlpSettings, TracingSettings};
 
 /// Default `max_body_bytes`: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -130,6 +132,9 @@ pub struct Config {
     /// between them. Absent: every request is ours.
     #[serde(default)]
     pub split: Option<SplitSettings>,
+    /// OpenTelemetry traces exported over OTLP. Absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingSettings>,
 }
 
 fn default_listen() -> Vec<String> {
@@ -199,6 +204,9 @@ impl Config {
         }
         if let Some(sp) = &self.split {
             sp.validate(&mut errs);
+        }
+        if let Some(t) = &self.tracing {
+            t.validate(&mut errs);
         }
         self.cost_model.validate(&mut errs);
         routes::validate(

@@ -205,6 +205,21 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     // tokengate_pd_prefill_total; pairs would multiply the label values).
     let mut served_id: Option<String> = None;
     let mut served_service = None;
+    // The traced request's served leg: the engine's model, its address, the predicted hit.
+    let traced = match (&ctx.trace, ctx.plan.as_ref()) {
+        (Some(_), Some(plan)) => legs
+            .iter()
+            .filter(|l| l.role == LegRole::Main && l.dispatched.is_some())
+            .find_map(|l| l.local())
+            .map(|l| {
+                (
+                    l.service.served.clone(),
+                    l.instance.addr.to_string(),
+                    u64::from(l.prefix.matched) * plan.runtime.block_tokens as u64,
+                )
+            }),
+        _ => None,
+    };
     if let Some(plan) = ctx.plan.as_ref() {
         let now = now_ms();
         for leg in legs {
@@ -389,14 +404,48 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         completion_tokens: u.completion,
         cached_tokens: u.cached,
     });
+    let trace_ids = ctx.trace.take().map(|t| {
+        let ids = t.ids();
+        let error_type = if status >= 500 {
+            Some(status.to_string())
+        } else if outcome == Outcome::Failed {
+            Some(e.map_or_else(|| "error".to_string(), |e| e.etype().as_str().to_string()))
+        } else {
+            None
+        };
+        let (model, address, predicted) = match &traced {
+            Some((m, a, p)) => (Some(m.as_str()), Some(a.clone()), Some(*p)),
+            None => (None, None, None),
+        };
+        t.finish(&crate::otel::Finished {
+            status,
+            upstream_status: ctx.response.upstream_status,
+            upstream_failed: upstream_failed(e, ctx.response.upstream_status),
+            error_type,
+            response_model: model,
+            input_tokens: u.prompt,
+            output_tokens: u.completion,
+            cached_tokens: u.cached,
+            instance: served_by.as_deref(),
+            address,
+            reason: &ctx.reason,
+            predicted_tokens: predicted,
+            ttft: ctx.response.ttft,
+        });
+        ids
+    });
     // Nothing of the access line is formatted when its target is off.
     if log::log_enabled!(target: "access", log::Level::Info) {
         let req = session.req_header();
-        let err = match (e, ctx.local_error.as_deref()) {
-            (_, Some(m)) => format!(" error={m:?}"),
-            (Some(e), None) => format!(" error={:?}", e.to_string()),
-            _ => String::new(),
+        let mut err = match &trace_ids {
+            Some((t, s)) => format!(" trace_id={t} span_id={s}"),
+            None => String::new(),
         };
+        match (e, ctx.local_error.as_deref()) {
+            (_, Some(m)) => err.push_str(&format!(" error={m:?}")),
+            (Some(e), None) => err.push_str(&format!(" error={:?}", e.to_string())),
+            _ => {}
+        }
         info!(
             target: "access",
             "{} {} {} model={} instance={} status={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",

@@ -278,6 +278,8 @@ pub struct Ctx {
     /// Features following the request from its plan to its end ([`crate::hook`]: the
     /// traffic mirror's log line).
     pub followers: Vec<Box<dyn crate::hook::Follower>>,
+    /// The request's spans (`tracing:` configured, [`crate::otel`]); `None`: not traced.
+    pub trace: Option<Box<crate::otel::Trace>>,
 }
 
 impl Ctx {
@@ -299,6 +301,7 @@ impl Ctx {
             local_error: None,
             deadline_hit: false,
             followers: Vec::new(),
+            trace: None,
         }
     }
 
@@ -353,6 +356,8 @@ pub struct Handoff {
     pub content_type: Option<HeaderValue>,
     /// The request's followers (told by the subrequest how it ended).
     pub followers: Vec<Box<dyn crate::hook::Follower>>,
+    /// The request's spans.
+    pub trace: Option<Box<crate::otel::Trace>>,
 }
 
 /// A fresh request id: 32 hex digits, a random per-process prefix and a counter (unique,
