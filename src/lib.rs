@@ -27,6 +27,7 @@ pub mod decision;
 pub mod demo;
 pub mod engine_metrics;
 pub mod error;
+pub mod genai_metrics;
 pub mod health;
 pub mod hook;
 pub mod load;

@@ -470,10 +470,7 @@ impl Trace {
             s.set_attribute(KeyValue::new("tokengate.prefix.predicted_tokens", p as i64));
         }
         if let Some(t) = end.ttft {
-            s.set_attribute(KeyValue::new(
-                "gen_ai.server.time_to_first_token",
-                t.as_secs_f64(),
-            ));
+            s.set_attribute(KeyValue::new("tokengate.ttft_ms", t.as_secs_f64() * 1e3));
         }
         s.set_attribute(KeyValue::new(
             "tokengate.attempts",

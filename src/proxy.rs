@@ -72,11 +72,7 @@ impl Gateway {
         let followers = ctx.followers.len();
         self.on_planned(session.req_header(), &plan, &body, &mut ctx.followers);
         if let Some(t) = ctx.trace.as_mut() {
-            let (operation, provider) = match plan.api {
-                crate::api::Api::Completions => ("text_completion", "openai"),
-                crate::api::Api::Messages => ("chat", "anthropic"),
-                crate::api::Api::ChatCompletions | crate::api::Api::Responses => ("chat", "openai"),
-            };
+            let (operation, provider) = crate::genai_metrics::operation_of(plan.api);
             t.planned(crate::otel::Planned {
                 operation,
                 provider,

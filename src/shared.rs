@@ -27,6 +27,8 @@ pub struct Shared {
     pub mirror: Arc<Mirror>,
     /// OpenTelemetry traces (`tracing:`, read at start); `None`: off.
     pub otel: Option<Arc<crate::otel::Otel>>,
+    /// The OpenTelemetry GenAI histograms (`gen_ai_*`), next to the `tokengate_*` families.
+    pub genai: crate::genai_metrics::GenAiMetrics,
 }
 
 impl Shared {
@@ -43,6 +45,7 @@ impl Shared {
         };
         Ok(Arc::new(Shared {
             otel,
+            genai: crate::genai_metrics::GenAiMetrics::new(metrics.registry()),
             mirror,
             runtime: ArcSwap::from_pointee(rt),
             metrics,

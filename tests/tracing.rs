@@ -453,6 +453,58 @@ async fn a_dead_collector_changes_nothing_for_clients_and_drops_are_counted() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn genai_histograms_count_every_request_with_or_without_tracing() {
+    let engine = Mock::start().await;
+    let gw = GatewayProc::start(&format!(
+        "services:\n{}",
+        service("m", &[("e1", engine.addr)])
+    ));
+    for _ in 0..3 {
+        stream_chat(&gw, None).await.bytes().await.unwrap();
+    }
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-mock", "status")
+        .header("x-mock-status", "500")
+        .body(chat_body("m", 200, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500);
+    r.bytes().await.unwrap();
+    let m = gw.metrics().await;
+    let l =
+        "gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"openai\",gen_ai_request_model=\"m\"";
+    // The mock's usage chunk: 7 input and 5 output tokens per stream.
+    let tokens = |kind: &str, what: &str| {
+        metric(
+            &m,
+            &format!("gen_ai_client_token_usage_{what}{{{l},gen_ai_token_type=\"{kind}\"}}"),
+        )
+    };
+    assert_eq!(tokens("input", "sum"), Some(21.0), "{m}");
+    assert_eq!(tokens("input", "count"), Some(3.0));
+    assert_eq!(tokens("output", "sum"), Some(15.0));
+    assert_eq!(
+        metric(
+            &m,
+            &format!("gen_ai_server_time_to_first_token_seconds_count{{{l}}}")
+        ),
+        Some(3.0)
+    );
+    let duration = |error: &str| {
+        metric(
+            &m,
+            &format!("gen_ai_server_request_duration_seconds_count{{error_type=\"{error}\",{l}}}"),
+        )
+    };
+    assert_eq!(duration(""), Some(3.0), "{m}");
+    assert_eq!(duration("500"), Some(1.0), "{m}");
+    // Today's families are still there.
+    assert!(metric(&m, "tokengate_ttft_seconds_count{model=\"m\"}").is_some());
+}
+
 #[test]
 fn tracing_config_is_checked_and_printed_without_its_header_values() {
     let base = "services:\n  - name: m\n    instances:\n      - {id: a, addr: \"127.0.0.1:9\"}\n";

@@ -386,6 +386,25 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     if let (true, Some(t)) = (stream, ctx.response.ttft) {
         m.ttft.with_label_values(&[model]).observe(t.as_secs_f64());
     }
+    if let Some(p) = ctx.plan.as_ref() {
+        let (operation, provider) = crate::genai_metrics::operation_of(p.api);
+        shared.genai.observe(&crate::genai_metrics::Observation {
+            operation,
+            provider,
+            model,
+            error_type: if status >= 400 {
+                code.as_str()
+            } else if outcome == Outcome::Failed {
+                "error"
+            } else {
+                ""
+            },
+            ttft: ctx.response.ttft.filter(|_| stream),
+            duration: dur,
+            input_tokens: u.prompt,
+            output_tokens: u.completion,
+        });
+    }
     shared.status.record(&crate::status::recent::Finished {
         request_id: &ctx.request_id,
         model: ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
