@@ -49,19 +49,49 @@ pub const MAX_BATCH: usize = 512;
 /// A partial batch is sent after this long.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
 
-/// The span counters, resolved once.
+/// `tokengate_trace_spans_total{outcome}`, registered whether tracing is configured or not
+/// (the dashboard and the status page show it), resolved once.
 #[derive(Clone, Debug)]
-struct Counters {
+pub struct SpanCounters {
     exported: IntCounter,
     queue_full: IntCounter,
     export_failed: IntCounter,
+}
+
+impl SpanCounters {
+    /// The family, registered in `registry` (a second registration, in tests, is ignored).
+    pub fn new(registry: &prometheus::Registry) -> SpanCounters {
+        let spans = IntCounterVec::new(
+            Opts::new(
+                "tokengate_trace_spans_total",
+                "Trace spans by outcome: exported, dropped_queue_full, dropped_export_failed",
+            ),
+            &["outcome"],
+        )
+        .expect("metric");
+        let _ = registry.register(Box::new(spans.clone()));
+        SpanCounters {
+            exported: spans.with_label_values(&["exported"]),
+            queue_full: spans.with_label_values(&["dropped_queue_full"]),
+            export_failed: spans.with_label_values(&["dropped_export_failed"]),
+        }
+    }
+
+    /// What `/admin/status` shows.
+    pub fn view(&self) -> serde_json::Value {
+        serde_json::json!({
+            "exported": self.exported.get(),
+            "dropped_queue_full": self.queue_full.get(),
+            "dropped_export_failed": self.export_failed.get(),
+        })
+    }
 }
 
 /// The SDK's span processor: ended spans into the bounded queue, never waiting.
 #[derive(Debug)]
 struct QueueProcessor {
     tx: mpsc::Sender<SpanData>,
-    counters: Counters,
+    counters: SpanCounters,
 }
 
 impl SpanProcessor for QueueProcessor {
@@ -94,29 +124,14 @@ pub struct Otel {
     /// Kept for the tracer's lifetime (the tracer holds a weak reference).
     _provider: SdkTracerProvider,
     sender: Mutex<Option<Sender>>,
-    counters: Counters,
+    counters: SpanCounters,
     /// Where the spans go (for the start-up log line).
     pub url: String,
 }
 
 impl Otel {
-    /// The tracer of validated settings; its counters are registered in `registry`.
-    pub fn new(s: &TracingSettings, registry: &prometheus::Registry) -> Result<Otel, String> {
-        let spans = IntCounterVec::new(
-            Opts::new(
-                "tokengate_trace_spans_total",
-                "Trace spans by outcome: exported, dropped_queue_full, dropped_export_failed",
-            ),
-            &["outcome"],
-        )
-        .map_err(|e| e.to_string())?;
-        // A second tracer in the same process (tests) shares the family.
-        let _ = registry.register(Box::new(spans.clone()));
-        let counters = Counters {
-            exported: spans.with_label_values(&["exported"]),
-            queue_full: spans.with_label_values(&["dropped_queue_full"]),
-            export_failed: spans.with_label_values(&["dropped_export_failed"]),
-        };
+    /// The tracer of validated settings, counting its spans in `counters`.
+    pub fn new(s: &TracingSettings, counters: SpanCounters) -> Result<Otel, String> {
         let url = s.traces_url();
         let client = reqwest::Client::builder()
             .timeout(s.otlp.timeout)

@@ -444,6 +444,22 @@ async fn a_dead_collector_changes_nothing_for_clients_and_drops_are_counted() {
         metric(&m, "tokengate_trace_spans_total{outcome=\"exported\"}"),
         Some(0.0)
     );
+    // The status page shows the same.
+    let status: serde_json::Value = reqwest::get(gw.admin_url("/admin/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let t = &status["tracing"];
+    assert!(
+        t["endpoint"]
+            .as_str()
+            .is_some_and(|e| e.ends_with("/v1/traces")),
+        "{t}"
+    );
+    assert_eq!(t["spans"]["dropped_export_failed"], 2 * n);
+    assert_eq!(t["spans"]["exported"], 0);
     assert_eq!(
         metric(
             &m,
