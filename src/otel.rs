@@ -9,7 +9,8 @@
 //!   GenAI semantic-convention attributes and tokengate's own (`tokengate.*`: service,
 //!   instance, reason, predicted and engine prefix hits, queue wait), and events (first
 //!   token, retry, failover, throttled, mirrored). Each upstream attempt is a child span
-//!   (kind client) named `upstream {instance}`.
+//!   (kind client) named `upstream {instance}`, and so is a route's decision-service call
+//!   (`chat {decision model}`).
 //! * **Propagation** (W3C trace context): a client's `traceparent` / `tracestate` make the
 //!   request's span a child of the client's; the upstream request carries a `traceparent`
 //!   whose parent is the attempt's span, so an engine that traces (vLLM, SGLang) continues
@@ -349,6 +350,38 @@ impl Trace {
     pub fn attr(&mut self, kv: KeyValue) {
         use opentelemetry::trace::Span as _;
         self.server.set_attribute(kv);
+    }
+
+    /// The route's decision-service call (made while planning): a child span of its own,
+    /// `chat {model}` (kind client), with its outcome.
+    pub fn decision(
+        &mut self,
+        started: Instant,
+        latency: Duration,
+        outcome: &'static str,
+        model: &str,
+        route: &str,
+    ) {
+        use opentelemetry::trace::Span as _;
+        let parent = Context::new().with_remote_span_context(self.server.span_context().clone());
+        let start = wall_time(started);
+        let mut span = self
+            .tracer
+            .span_builder(format!("chat {model}"))
+            .with_kind(SpanKind::Client)
+            .with_start_time(start)
+            .with_attributes([
+                KeyValue::new("gen_ai.operation.name", "chat"),
+                KeyValue::new("gen_ai.request.model", model.to_string()),
+                KeyValue::new("tokengate.decision.route", route.to_string()),
+                KeyValue::new("tokengate.decision.outcome", outcome),
+            ])
+            .start_with_context(&self.tracer, &parent);
+        if outcome == "timeout" || outcome == "error" {
+            span.set_attribute(KeyValue::new("error.type", outcome));
+            span.set_status(Status::error(outcome));
+        }
+        span.end_with_timestamp(start + latency);
     }
 
     /// The first token reached the gateway.

@@ -84,6 +84,9 @@ impl Gateway {
             if ctx.followers.len() > followers {
                 t.event("mirrored", Vec::new());
             }
+            if let Some(d) = plan.decision_call.as_ref() {
+                t.decision(d.started, d.latency, d.outcome, &d.model, plan.dest.name());
+            }
         }
         let queued = ctx.trace.is_some().then(std::time::Instant::now);
         // Admission to an instance: a throttling slot (reject, or wait in the queue); what

@@ -470,6 +470,66 @@ async fn a_dead_collector_changes_nothing_for_clients_and_drops_are_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_service_call_is_a_child_span_of_the_request() {
+    let col = Collector::start().await;
+    let jev = engine_sim::spawn_local(engine_sim::SimConfig {
+        id: "jev".into(),
+        model: "jev-latest".into(),
+        time_scale: 200.0,
+        decision_mode: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let small = sims(1, "qwen3-0.6b", "small", 200.0).await;
+    let large = sims(1, "qwen3-32b", "large", 200.0).await;
+    let gw = GatewayProc::start(&format!(
+        "{}services:\n  - name: qwen3-0.6b\n{}  - name: qwen3-32b\n{}providers:\n  - {{name: jev, base_url: \"{}/v1\", model: jev-latest}}\nroutes:\n  - name: qwen3\n    targets:\n      - {{service: qwen3-0.6b, criteria: \"greetings, small talk\"}}\n      - {{service: qwen3-32b, criteria: \"reasoning, math, proofs, prove, code\"}}\n    policy:\n      plugins:\n        - {{kind: decision-service}}\n        - {{kind: least-inflight}}\n    decision: {{provider: jev, timeout: 2s}}\n",
+        tracing_block(col.addr, 1.0),
+        sim_instances(&small),
+        sim_instances(&large),
+        jev.url(),
+    ));
+    let client_trace = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .header("traceparent", format!("00-{client_trace}-00f067aa0ba902b7-01"))
+        .json(&serde_json::json!({"model": "qwen3", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Prove that there are infinitely many primes."}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    // The request, its decision call, its attempt.
+    let spans = col.wait_trace(client_trace, 3).await;
+    let server = spans.iter().find(|s| s.kind == SERVER).unwrap();
+    assert_eq!(server.name, "chat qwen3");
+    let decision = spans
+        .iter()
+        .find(|s| s.name == "chat jev-latest")
+        .unwrap_or_else(|| panic!("no decision span: {spans:#?}"));
+    assert_eq!(decision.kind, CLIENT);
+    assert_eq!(decision.parent_span_id, server.span_id);
+    assert_eq!(
+        str_attr(&decision.attributes, "tokengate.decision.outcome").as_deref(),
+        Some("target")
+    );
+    assert!(decision.end_time_unix_nano > decision.start_time_unix_nano);
+    assert!(decision.start_time_unix_nano >= server.start_time_unix_nano);
+    let attempt = spans
+        .iter()
+        .find(|s| s.name.starts_with("upstream "))
+        .unwrap();
+    assert_eq!(
+        str_attr(&attempt.attributes, "tokengate.instance").as_deref(),
+        Some("large1")
+    );
+    assert!(str_attr(&server.attributes, "tokengate.reason")
+        .is_some_and(|r| r.starts_with("decision(qwen3-32b)")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn genai_histograms_count_every_request_with_or_without_tracing() {
     let engine = Mock::start().await;
     let gw = GatewayProc::start(&format!(

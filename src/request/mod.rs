@@ -50,6 +50,9 @@ pub struct Plan {
     pub dest: Dest,
     /// The decision service's choice of target (routes with a decision-service plugin).
     pub decision: Option<u32>,
+    /// The decision-service call, when one was made: when it started, how long it took, its
+    /// outcome's label (`target`, `timeout`, `error`, `no_target`) and the provider's model.
+    pub decision_call: Option<DecisionCall>,
     pub runtime: Arc<Runtime>,
     pub start: Instant,
     pub request_id: String,
@@ -61,6 +64,14 @@ pub struct Plan {
     pub forward_auth: bool,
     /// The request came from another region's gateway: it is never forwarded again.
     pub hop: bool,
+}
+
+/// A decision-service call of a plan (for its trace span).
+pub struct DecisionCall {
+    pub started: Instant,
+    pub latency: Duration,
+    pub outcome: &'static str,
+    pub model: String,
 }
 
 /// Which scheduler chose a leg (to tell it how the request ended).
