@@ -128,6 +128,13 @@ pub struct Otel {
     counters: SpanCounters,
     /// Where the spans go (for the start-up log line).
     pub url: String,
+    /// The settings it was built from ([`settings_key`]): a reload that changes them warns.
+    pub settings_key: String,
+}
+
+/// Tracing settings as one comparable string (header values masked, as printed).
+pub fn settings_key(s: &TracingSettings) -> String {
+    serde_json::to_string(s).unwrap_or_default()
 }
 
 impl Otel {
@@ -171,6 +178,7 @@ impl Otel {
             sender: Mutex::new(Some(Sender { rx, exporter })),
             counters,
             url,
+            settings_key: settings_key(s),
         })
     }
 

@@ -414,6 +414,22 @@ async fn sample_ratio_zero_exports_nothing_but_a_sampled_client_trace() {
     let all = col.spans();
     assert_eq!(all.len(), 2, "only the sampled client trace: {all:#?}");
     assert!(all.iter().all(|s| hex(&s.trace_id) == client_trace));
+
+    // `tracing:` is read at start: a reload that changes it says so.
+    let path = gw.config_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("sample_ratio: 0", "sample_ratio: 0.5")).unwrap();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &gw.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    eventually("the reload's tracing warning", || {
+        let log = gw.log_text();
+        async move { log.contains("tracing changes take effect only after a restart") }
+    })
+    .await;
+    assert_eq!(gw.log_text().matches("config reloaded").count(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
