@@ -231,6 +231,7 @@ impl Otel {
             tracer: self.tracer.clone(),
             server: span,
             attempt: None,
+            prefill: None,
             attempts: 0,
             operation: "chat",
         })
@@ -278,6 +279,8 @@ pub struct Trace {
     server: Span,
     /// The current upstream attempt's span.
     attempt: Option<Span>,
+    /// A disaggregated pair's prefill leg (a child of its attempt) and when it was sent.
+    prefill: Option<(Span, SystemTime)>,
     attempts: u32,
     operation: &'static str,
 }
@@ -432,6 +435,67 @@ impl Trace {
         self.attempt = Some(span);
     }
 
+    /// A disaggregated pair's prefill leg is sent: its span (a child of the attempt), and
+    /// the trace headers its request carries.
+    pub fn prefill_start(&mut self, instance: &str, address: &str) -> Vec<(&'static str, String)> {
+        use opentelemetry::trace::Span as _;
+        self.prefill_end(PrefillEnd::Aborted);
+        let parent_sc = match &self.attempt {
+            Some(a) => a.span_context().clone(),
+            None => self.server.span_context().clone(),
+        };
+        let parent = Context::new().with_remote_span_context(parent_sc);
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.operation.name", self.operation),
+            KeyValue::new("tokengate.instance", instance.to_string()),
+            KeyValue::new("tokengate.pd.role", "prefill"),
+        ];
+        let (host, port) = address.rsplit_once(':').unwrap_or((address, ""));
+        attrs.push(KeyValue::new("server.address", host.to_string()));
+        if let Ok(p) = port.parse::<i64>() {
+            attrs.push(KeyValue::new("server.port", p));
+        }
+        let now = SystemTime::now();
+        let span = self
+            .tracer
+            .span_builder(format!("prefill {instance}"))
+            .with_kind(SpanKind::Client)
+            .with_start_time(now)
+            .with_attributes(attrs)
+            .start_with_context(&self.tracer, &parent);
+        let cx = Context::new().with_remote_span_context(span.span_context().clone());
+        let mut out = Outgoing::default();
+        TraceContextPropagator::new().inject_context(&cx, &mut out);
+        self.prefill = Some((span, now));
+        out.0
+    }
+
+    /// The prefill leg's span ends: done (after `ms`), failed, or given up on.
+    pub fn prefill_end(&mut self, end: PrefillEnd<'_>) {
+        use opentelemetry::trace::Span as _;
+        let Some((mut s, started)) = self.prefill.take() else {
+            return;
+        };
+        match end {
+            PrefillEnd::Done { ms, input_tokens } => {
+                if let Some(n) = input_tokens {
+                    s.set_attribute(KeyValue::new("gen_ai.usage.input_tokens", n as i64));
+                }
+                s.end_with_timestamp(started + Duration::from_secs_f64(ms.max(0.0) / 1e3));
+            }
+            PrefillEnd::Failed(e) => {
+                s.set_attribute(KeyValue::new("error.type", e.to_string()));
+                s.set_status(Status::error(e.to_string()));
+                s.end();
+            }
+            PrefillEnd::Aborted => {
+                s.set_attribute(KeyValue::new("tokengate.pd.aborted", true));
+                s.end();
+            }
+            PrefillEnd::Running => s.end(),
+        }
+    }
+
     /// Ends the current attempt's span: the engine's status, or why it failed.
     pub fn end_attempt(&mut self, status: Option<u16>, error: Option<&str>) {
         use opentelemetry::trace::Span as _;
@@ -538,6 +602,18 @@ impl Trace {
         }
         s.end();
     }
+}
+
+/// How a prefill leg ended, for its span.
+pub enum PrefillEnd<'a> {
+    Done {
+        ms: f64,
+        input_tokens: Option<u64>,
+    },
+    Failed(&'a str),
+    Aborted,
+    /// Still running when the request ended.
+    Running,
 }
 
 /// How a request ended, for its span.

@@ -546,6 +546,74 @@ async fn a_decision_service_call_is_a_child_span_of_the_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_pair_has_a_prefill_span_under_its_attempt() {
+    use engine_sim::{PdMode, Role, SimConfig};
+    let col = Collector::start().await;
+    let sim = |id: &str, role: Role| SimConfig {
+        id: id.into(),
+        model: "m".into(),
+        time_scale: 20.0,
+        role,
+        pd_mode: PdMode::Sglang,
+        bootstrap_port: (role == Role::Prefill).then_some(0),
+        pd_timeout_ms: 30_000,
+        ..Default::default()
+    };
+    let p = engine_sim::spawn_local(sim("p1", Role::Prefill))
+        .await
+        .unwrap();
+    let d = engine_sim::spawn_local(sim("d1", Role::Decode))
+        .await
+        .unwrap();
+    let gw = GatewayProc::start(&format!(
+        "{}services:\n  - name: m\n    pd: {{mode: sglang-mooncake}}\n    instances:\n      - {{id: p1, addr: \"{}\", role: prefill, bootstrap_port: {}}}\n      - {{id: d1, addr: \"{}\", role: decode}}\n",
+        tracing_block(col.addr, 1.0),
+        p.addr,
+        p.bootstrap_addr().unwrap().port(),
+        d.addr,
+    ));
+    let client_trace = "6bf92f3577b34da6a3ce929d0e0e4736";
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .header(
+            "traceparent",
+            format!("00-{client_trace}-00f067aa0ba902b7-01"),
+        )
+        .json(
+            &serde_json::json!({"model": "m", "stream": true, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "a prompt of a few words for the prefill"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-tokengate-instance"], "p1+d1");
+    r.bytes().await.unwrap();
+    let spans = col.wait_trace(client_trace, 3).await;
+    let server = spans.iter().find(|s| s.kind == SERVER).unwrap();
+    let attempt = spans
+        .iter()
+        .find(|s| s.name == "upstream p1+d1")
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    let prefill = spans
+        .iter()
+        .find(|s| s.name == "prefill p1")
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    assert_eq!(attempt.parent_span_id, server.span_id);
+    assert_eq!(prefill.parent_span_id, attempt.span_id);
+    assert_eq!(prefill.kind, CLIENT);
+    assert!(
+        str_attr(&prefill.attributes, "error.type").is_none(),
+        "{prefill:#?}"
+    );
+    assert_eq!(
+        int_attr(&prefill.attributes, "server.port"),
+        Some(i64::from(p.addr.port()))
+    );
+    assert!(prefill.end_time_unix_nano >= prefill.start_time_unix_nano);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn genai_histograms_count_every_request_with_or_without_tracing() {
     let engine = Mock::start().await;
     let gw = GatewayProc::start(&format!(

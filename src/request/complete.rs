@@ -21,6 +21,27 @@ use pingora::proxy::Session;
 use std::sync::Arc;
 use tokengate_plugins::{Completion, RequestView};
 
+/// A traced request's prefill leg: its span ends as the prefill did.
+fn trace_prefill(trace: Option<&mut crate::otel::Trace>, state: Option<pd::State>) {
+    use crate::otel::PrefillEnd;
+    let (Some(t), Some(s)) = (trace, state) else {
+        return;
+    };
+    let message;
+    t.prefill_end(match s {
+        pd::State::Done { usage, ms } => PrefillEnd::Done {
+            ms,
+            input_tokens: usage.prompt,
+        },
+        pd::State::Failed(f) => {
+            message = f.message;
+            PrefillEnd::Failed(&message)
+        }
+        pd::State::Aborted => PrefillEnd::Aborted,
+        pd::State::Running => PrefillEnd::Running,
+    });
+}
+
 /// Feeds a request's outcome to the instance's passive health.
 fn passive(inst: &Arc<Instance>, failed: bool, rt: &Runtime, now: u64) {
     inst.passive(failed, &rt.passive, now);
@@ -59,6 +80,10 @@ fn count_remote(shared: &Shared, r: &super::RemoteLeg, outcome: &str) {
 pub fn attempt_failed(shared: &Shared, ctx: &mut Ctx, plan: &Plan, retried_status: Option<u16>) {
     let now = now_ms();
     let mut pd = ctx.pd.take();
+    if ctx.trace.is_some() {
+        let state = pd.as_ref().map(|a| a.side.state());
+        trace_prefill(ctx.trace.as_deref_mut(), state);
+    }
     let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
     if let Some(a) = pd.as_mut() {
         ctx.attempt.tried.push(a.blamed());
@@ -194,6 +219,10 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     // A disaggregated pair: the prefill's own usage (its cached tokens are the prefix
     // cache's truth), and whether the decode failed because its prefill did.
     let pd = ctx.pd.take();
+    if ctx.trace.is_some() {
+        let state = pd.as_ref().map(|a| a.side.state());
+        trace_prefill(ctx.trace.as_deref_mut(), state);
+    }
     let prefill_usage = pd.as_ref().and_then(|a| match a.side.state() {
         pd::State::Done { usage, .. } => Some(usage),
         _ => None,
