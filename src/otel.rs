@@ -227,7 +227,9 @@ impl Otel {
                 KeyValue::new("url.path", path.to_string()),
             ])
             .start_with_context(&self.tracer, &parent);
+        let recording = opentelemetry::trace::Span::is_recording(&span);
         Box::new(Trace {
+            recording,
             tracer: self.tracer.clone(),
             server: span,
             attempt: None,
@@ -283,6 +285,9 @@ pub struct Trace {
     prefill: Option<(Span, SystemTime)>,
     attempts: u32,
     operation: &'static str,
+    /// The request's span is sampled: an unsampled one gets no attribute, event or child
+    /// span (its context is still propagated, flagged not sampled).
+    recording: bool,
 }
 
 /// What a planned request is, for its span.
@@ -319,6 +324,9 @@ impl Trace {
     /// The request was planned: the GenAI request attributes, the span's final name.
     pub fn planned(&mut self, p: Planned<'_>) {
         use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
         self.operation = p.operation;
         let s = &mut self.server;
         s.update_name(format!("{} {}", p.operation, p.model));
@@ -336,6 +344,9 @@ impl Trace {
     /// `denied` (the answer's status).
     pub fn admitted(&mut self, wait: Duration, denied: Option<u16>) {
         use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
         self.server.set_attribute(KeyValue::new(
             "tokengate.queue_wait_ms",
             wait.as_secs_f64() * 1e3,
@@ -354,12 +365,18 @@ impl Trace {
     /// An event on the request's span.
     pub fn event(&mut self, name: &'static str, attrs: Vec<KeyValue>) {
         use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
         self.server.add_event(name, attrs);
     }
 
     /// An attribute on the request's span.
     pub fn attr(&mut self, kv: KeyValue) {
         use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
         self.server.set_attribute(kv);
     }
 
@@ -374,6 +391,9 @@ impl Trace {
         route: &str,
     ) {
         use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
         let parent = Context::new().with_remote_span_context(self.server.span_context().clone());
         let start = wall_time(started);
         let mut span = self
@@ -398,6 +418,9 @@ impl Trace {
     /// The first token reached the gateway.
     pub fn first_token(&mut self, ttft: Duration) {
         use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
         self.server.add_event(
             "gen_ai.first_token",
             vec![KeyValue::new("tokengate.ttft_ms", ttft.as_secs_f64() * 1e3)],
@@ -407,6 +430,9 @@ impl Trace {
     /// An upstream attempt starts: its child span.
     pub fn attempt_start(&mut self, a: &AttemptInfo<'_>) {
         use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
         self.end_attempt(None, None);
         self.attempts += 1;
         let parent = Context::new().with_remote_span_context(self.server.span_context().clone());
@@ -439,6 +465,9 @@ impl Trace {
     /// the trace headers its request carries.
     pub fn prefill_start(&mut self, instance: &str, address: &str) -> Vec<(&'static str, String)> {
         use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return self.outgoing();
+        }
         self.prefill_end(PrefillEnd::Aborted);
         let parent_sc = match &self.attempt {
             Some(a) => a.span_context().clone(),
@@ -515,6 +544,9 @@ impl Trace {
     /// The current attempt failed before answering and the request goes on (`next`: a retry
     /// on another instance, or a failover to an external API or another gateway).
     pub fn attempt_failed(&mut self, error: &str, status: Option<u16>, failover: bool) {
+        if !self.recording {
+            return;
+        }
         self.end_attempt(status, Some(error));
         let n = i64::from(self.attempts);
         self.event(
@@ -543,6 +575,10 @@ impl Trace {
     /// The request ended: the last attempt and the request's span end.
     pub fn finish(mut self: Box<Self>, end: &Finished<'_>) {
         use opentelemetry::trace::Span as _;
+        if !self.recording {
+            self.server.end();
+            return;
+        }
         let err = end.error_type.clone();
         self.end_attempt(
             end.upstream_status,
