@@ -25,8 +25,11 @@ pub struct GenAiMetrics {
     tokens: HistogramVec,
     /// The series of a successful request, resolved once per (operation, provider, model):
     /// one map lookup per request instead of four label lookups.
-    resolved: RwLock<HashMap<String, Vec<(&'static str, &'static str, Arc<Series>)>>>,
+    resolved: RwLock<HashMap<String, Vec<Resolved>>>,
 }
+
+/// One model's series for an operation and provider.
+type Resolved = (&'static str, &'static str, Arc<Series>);
 
 /// The series a successful request observes.
 struct Series {
@@ -103,7 +106,7 @@ impl GenAiMetrics {
     }
 
     fn series(&self, operation: &'static str, provider: &'static str, model: &str) -> Arc<Series> {
-        let find = |v: &Vec<(&'static str, &'static str, Arc<Series>)>| {
+        let find = |v: &Vec<Resolved>| {
             v.iter()
                 .find(|(o, p, _)| *o == operation && *p == provider)
                 .map(|(_, _, s)| s.clone())
