@@ -316,6 +316,103 @@ async fn a_streamed_chat_is_one_server_span_with_genai_attributes_and_an_attempt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_above_the_retry_buffer_is_traced_like_any_other() {
+    // Bodies above 64 KiB are proxied by a subrequest: the trace goes with the plan.
+    let col = Collector::start().await;
+    let engine = Mock::recording().await;
+    let gw = GatewayProc::start(&format!(
+        "{}services:\n{}",
+        tracing_block(col.addr, 1.0),
+        service("m", &[("e1", engine.addr)])
+    ));
+    let r = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("x-mock", "sse")
+        .body(chat_body("m", 200 * 1024, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    let seen = engine.seen();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].body.len() > 200 * 1024);
+    let tp = seen[0]
+        .header("traceparent")
+        .expect("a traceparent")
+        .to_string();
+    let trace = tp.split('-').nth(1).unwrap();
+    let spans = col.wait_trace(trace, 2).await;
+    let server = spans.iter().find(|s| s.kind == SERVER).unwrap();
+    let attempt = spans.iter().find(|s| s.kind == CLIENT).unwrap();
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    assert_eq!(attempt.parent_span_id, server.span_id);
+    assert_eq!(tp.split('-').nth(2).unwrap(), hex(&attempt.span_id));
+    assert_eq!(
+        int_attr(&server.attributes, "gen_ai.usage.output_tokens"),
+        Some(5)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_request_has_a_throttled_event() {
+    use futures_util::StreamExt;
+    let col = Collector::start().await;
+    let engine = Mock::start().await;
+    let gw = GatewayProc::start(&format!(
+        "{}services:\n  - name: m\n    throttling: {{overflow: reject, total: 1}}\n    instances:\n      - {{id: e1, addr: \"{}\"}}\n",
+        tracing_block(col.addr, 1.0),
+        engine.addr
+    ));
+    let c = reqwest::Client::new();
+    // One stream holds the only slot…
+    let held = c
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-mock", "sse")
+        .header("x-mock-gate", "1")
+        .body(chat_body("m", 200, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    let mut stream = held.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    // …so the next request is refused.
+    let client_trace = "7bf92f3577b34da6a3ce929d0e0e4736";
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .header(
+            "traceparent",
+            format!("00-{client_trace}-00f067aa0ba902b7-01"),
+        )
+        .body(chat_body("m", 200, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    r.bytes().await.unwrap();
+    engine.release();
+    while let Some(b) = stream.next().await {
+        b.unwrap();
+    }
+    let spans = col.wait_trace(client_trace, 1).await;
+    assert_eq!(spans.len(), 1, "no attempt: {spans:#?}");
+    let server = &spans[0];
+    assert_eq!(server.kind, SERVER);
+    assert!(
+        server.events.iter().any(|e| e.name == "throttled"),
+        "{:?}",
+        server.events
+    );
+    assert_eq!(
+        int_attr(&server.attributes, "http.response.status_code"),
+        Some(429)
+    );
+    assert!(str_attr(&server.attributes, "error.type").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_first_instance_makes_two_attempt_spans_and_a_retry_event() {
     let col = Collector::start().await;
     let engine = Mock::recording().await;
