@@ -526,7 +526,8 @@ async fn sample_ratio_zero_exports_nothing_but_a_sampled_client_trace() {
         async move { log.contains("tracing changes take effect only after a restart") }
     })
     .await;
-    assert_eq!(gw.log_text().matches("config reloaded").count(), 1);
+    // (The file watcher may reload the same change once more: no count of reloads here.)
+    assert!(gw.log_text().contains("config reloaded"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
