@@ -281,6 +281,12 @@ async fn a_streamed_chat_is_one_server_span_with_genai_attributes_and_an_attempt
             .any(|(k, v)| k == "x-collector-key" && v == "k-123"));
     }
     // The access line names the trace and the request's span.
+    eventually("the access line", || {
+        let log = gw.log_text();
+        let id = id.clone();
+        async move { access_field(&log, &id, "trace_id").is_some() }
+    })
+    .await;
     let log = gw.log_text();
     assert_eq!(
         access_field(&log, &id, "trace_id").as_deref(),
@@ -731,6 +737,19 @@ async fn genai_histograms_count_every_request_with_or_without_tracing() {
         .unwrap();
     assert_eq!(r.status(), 500);
     r.bytes().await.unwrap();
+    // A request is counted when it completes (after its last byte reached the client).
+    eventually("the four requests counted", || async {
+        let m = gw.metrics().await;
+        metric(
+            &m,
+            "tokengate_requests_total{code=\"500\",instance=\"e1\",model=\"m\"}",
+        ) == Some(1.0)
+            && metric(
+                &m,
+                "tokengate_requests_total{code=\"200\",instance=\"e1\",model=\"m\"}",
+            ) == Some(3.0)
+    })
+    .await;
     let m = gw.metrics().await;
     let l =
         "gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"openai\",gen_ai_request_model=\"m\"";
