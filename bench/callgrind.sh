@@ -8,8 +8,12 @@
 # WARM requests, the counters are zeroed (callgrind_control -z), N requests are sent over 4
 # keep-alive connections, the counters are dumped and divided by N. The body is the 2 KB chat
 # request of bench/overhead.sh; SCHED picks the service's scheduler (balance, layered, policy).
+# TENANTS=1: the config has 50 tenants (one key each, models by prefix, all four limits, high
+# enough never to refuse) and the client sends the last tenant's key: the cost of the key
+# lookup, the model check, the limits and their headers, and the tenant's accounting.
+# TENANTS=2: the same with only `concurrency` (no per-minute limit: no x-ratelimit headers).
 #
-# Usage: [SCHED=balance] [N=1000] [WARM=200] [TRACING=RATIO] [SIM_BIN=BIN] bench/callgrind.sh [BIN ...]
+# Usage: [SCHED=balance] [TENANTS=0] [N=1000] [WARM=200] [TRACING=RATIO] [SIM_BIN=BIN] bench/callgrind.sh [BIN ...]
 #   (default: target/dist/tokengate). TRACING=1.0 adds a `tracing:` block (that sample ratio)
 #   exporting to a local OTLP/HTTP sink that answers 200 and drops the spans. SIM_BIN: the
 #   binary that runs engine-sim (default: the first BIN; a --no-default-features build has none).
@@ -56,6 +60,18 @@ case "$SCHED" in
   *) echo "SCHED: balance, layered or policy" >&2; exit 1 ;;
 esac
 
+TENANTS=${TENANTS:-0}
+TENANTS_YAML="" AUTH=""
+if [ "$TENANTS" != 0 ]; then
+  LIMITS="requests_per_minute: 100000000, input_tokens_per_minute: 100000000000, output_tokens_per_minute: 100000000000, concurrency: 100000"
+  [ "$TENANTS" = 2 ] && LIMITS="concurrency: 100000"
+  TENANTS_YAML="tenants:"$'\n'
+  for i in $(seq 1 50); do
+    TENANTS_YAML+="  - {name: t$i, keys: [sk-bench-$i], models: [\"bench-*\"], limits: {$LIMITS}}"$'\n'
+  done
+  AUTH="Bearer sk-bench-50"
+fi
+
 python3 - "$WORK/body.json" <<'PY'
 import json, sys
 msg = "You are a helpful assistant. " * 8
@@ -66,14 +82,17 @@ open(sys.argv[1], "w").write(json.dumps(body))
 PY
 
 send() { # $1 port, $2 requests
-  python3 - "$1" "$2" "$WORK/body.json" <<'PY'
+  python3 - "$1" "$2" "$WORK/body.json" "$AUTH" <<'PY'
 import http.client, sys, threading
 port, n, body = int(sys.argv[1]), int(sys.argv[2]), open(sys.argv[3], "rb").read()
+headers = {"content-type": "application/json"}
+if sys.argv[4]:
+    headers["authorization"] = sys.argv[4]
 errors = []
 def worker(k):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     for _ in range(k):
-        c.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        c.request("POST", "/v1/chat/completions", body, headers)
         r = c.getresponse(); r.read()
         if r.status != 200: errors.append(r.status)
 conns = 4
@@ -90,7 +109,7 @@ listen: ["127.0.0.1:$port"]
 admin_listen: "127.0.0.1:$adm"
 threads: 2
 health_check: {enabled: false}
-services:
+${TENANTS_YAML}services:
   - name: bench-model
 ${SCHED_YAML}    instances:
       - { id: up, addr: "127.0.0.1:$UP_PORT" }
@@ -109,7 +128,7 @@ YAML
   dump=$(ls -t "$WORK"/cg."$vpid".* | head -1)
   ir=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')
   per=$(python3 -c "print(f'{$ir / $N:,.0f}')")
-  echo "$BIN sched=$SCHED${TRACING:+ tracing=$TRACING}: $per instructions per request ($ir over $N)"
+  echo "$BIN sched=$SCHED tenants=$TENANTS${TRACING:+ tracing=$TRACING}: $per instructions per request ($ir over $N)"
   if [ -n "${KEEP:-}" ]; then
     mkdir -p "$KEEP"; cp "$dump" "$KEEP/callgrind.$(basename "$BIN").$SCHED"
   fi

@@ -126,9 +126,13 @@ pub async fn run(session: &mut Session, handoff: Handoff) -> Result<()> {
     let _ = join.await;
     if !header_sent {
         // The subrequest ended without answering (it answers its own errors normally).
-        let e = proxy_error
-            .map(|e| GatewayError::BadGateway(format!("upstream failed: {e}")))
-            .unwrap_or_else(|| GatewayError::BadGateway("upstream produced no response".into()));
+        // The detail (addresses, OS errors) goes to the log, not to the client.
+        if let Some(e) = &proxy_error {
+            log::warn!("request {request_id}: the subrequest failed without answering: {e}");
+        }
+        let e = GatewayError::BadGateway(format!(
+            "the upstream failed before answering (request id {request_id}: details in the gateway's log)"
+        ));
         respond(
             session,
             e.status(),

@@ -197,7 +197,17 @@ pub struct Problem {
 }
 
 /// The keys whose value is a secret: never shown in an error, a log line or `/admin`.
-pub const SECRET_KEYS: &[&str] = &["api_keys", "admin_token", "api_key", "token", "auth_token"];
+pub const SECRET_KEYS: &[&str] = &[
+    "api_keys",
+    "keys",
+    "admin_token",
+    "api_key",
+    "token",
+    "auth_token",
+];
+
+/// The secrets that are lists of keys: their `_file` holds one key per line.
+const KEY_LISTS: &[&str] = &["api_keys", "keys"];
 
 /// Whether the node at `path` holds a secret (its key, or its list's key, is one).
 pub fn is_secret(path: &[Seg]) -> bool {
@@ -324,6 +334,7 @@ fn secret_files(
             }
         }
         Value::Mapping(m) => {
+            keys_from_env(m, path, problems);
             let keys: Vec<String> = m.keys().map(key_text).collect();
             for k in &keys {
                 let Some(base) = k.strip_suffix("_file") else {
@@ -339,7 +350,7 @@ fn secret_files(
                 let mut to = path.clone();
                 to.pop();
                 to.push(Seg::Key(base.to_string()));
-                match read_secret_file(&file, base == "api_keys") {
+                match read_secret_file(&file, KEY_LISTS.contains(&base)) {
                     Err(message) => problems.push(Problem {
                         path: path.clone(),
                         message,
@@ -379,6 +390,45 @@ fn secret_files(
         }
         _ => {}
     }
+}
+
+/// `keys_env: VAR` (a tenant's keys in an environment variable, separated by commas or
+/// whitespace): the keys joined to the mapping's `keys`.
+fn keys_from_env(m: &mut Mapping, path: &mut Vec<Seg>, problems: &mut Vec<Problem>) {
+    let Some(v) = m.remove("keys_env") else {
+        return;
+    };
+    path.push(Seg::Key("keys_env".into()));
+    let read = match &v {
+        Value::String(var) => match std::env::var(var) {
+            Ok(text) => Ok(text
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|k| !k.is_empty())
+                .map(|k| Value::String(k.into()))
+                .collect::<Vec<_>>()),
+            Err(_) => Err(format!(
+                "environment variable `{var}` is not set (or not UTF-8)"
+            )),
+        },
+        _ => Err("expected the name of an environment variable".to_string()),
+    };
+    match read {
+        Err(message) => problems.push(Problem {
+            path: path.clone(),
+            message,
+        }),
+        Ok(keys) => match m.get_mut("keys") {
+            Some(Value::Sequence(have)) => have.extend(keys),
+            Some(_) => problems.push(Problem {
+                path: path.clone(),
+                message: "`keys` must be a list to be joined with `keys_env`".into(),
+            }),
+            None => {
+                m.insert(Value::String("keys".into()), Value::Sequence(keys));
+            }
+        },
+    }
+    path.pop();
 }
 
 /// The files named by the `<secret>_file` keys of a config's text (after `${VAR}`

@@ -168,12 +168,12 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
         writeln!(out)?;
         // The key is not printed (it may come from a secret): the commands read it from
         // $TOKENGATE_KEY.
-        let auth = if cfg.api_keys.is_empty() {
+        let auth = if cfg.api_keys.is_empty() && cfg.tenants.is_empty() {
             String::new()
         } else {
             writeln!(
                 out,
-                "The config requires an API key: export TOKENGATE_KEY=<one of its api_keys> first."
+                "The config requires an API key: export TOKENGATE_KEY=<one of its api_keys or tenants' keys> first."
             )?;
             " -H \"Authorization: Bearer $TOKENGATE_KEY\"".to_string()
         };

@@ -163,7 +163,13 @@ pub struct EngineSignals {
     /// The greatest common divisor of the cached-token counts it reported
     /// ([`tokengate_plugins::calibrate::learn_block`]); 0 = none yet.
     learned_block: AtomicU64,
+    /// The engine's prompt tokens per token of the gateway's estimate, a moving average
+    /// (`f64` bits; 0 = no report yet).
+    tokens_per_estimate: AtomicU64,
 }
+
+/// Weight of one report in [`EngineSignals::tokens_per_estimate`].
+const TOKENS_PER_ESTIMATE_WEIGHT: f64 = 0.05;
 
 impl EngineSignals {
     pub fn store(&self, l: EngineLoad, now_ms: u64) {
@@ -195,6 +201,33 @@ impl EngineSignals {
         let _ = self.learned_block.fetch_update(Relaxed, Relaxed, |b| {
             Some(tokengate_plugins::calibrate::learn_block(b, cached))
         });
+    }
+
+    /// Learns how the engine's tokenizer counts against the gateway's estimate (4 prompt
+    /// bytes per token) from one request: `engine` prompt tokens where the gateway estimated
+    /// `estimate`.
+    pub fn observe_prompt(&self, engine: u64, estimate: u64) {
+        if engine == 0 || estimate < 16 {
+            return; // too short to say (templates add a few tokens of their own)
+        }
+        let x = (engine as f64 / estimate as f64).clamp(0.1, 10.0);
+        let _ = self
+            .tokens_per_estimate
+            .fetch_update(Relaxed, Relaxed, |bits| {
+                let avg = f64::from_bits(bits);
+                let next = if avg > 0.0 {
+                    avg + TOKENS_PER_ESTIMATE_WEIGHT * (x - avg)
+                } else {
+                    x
+                };
+                Some(next.to_bits())
+            });
+    }
+
+    /// The engine's prompt tokens per token of the gateway's estimate, once it has reported
+    /// one ([`observe_prompt`](Self::observe_prompt)).
+    pub fn tokens_per_estimate(&self) -> Option<f64> {
+        Some(f64::from_bits(self.tokens_per_estimate.load(Relaxed))).filter(|r| *r > 0.0)
     }
 
     /// The size of the blocks the engine caches in: from its metrics, else learned from its
@@ -240,6 +273,7 @@ impl EngineSignals {
             "consecutive_failures": self.failures.load(Relaxed),
             "cache_tokens": self.cache_tokens(),
             "block_tokens": self.block_tokens(),
+            "tokens_per_estimate": self.tokens_per_estimate(),
         })
     }
 }
@@ -247,6 +281,21 @@ impl EngineSignals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tokenizer_ratio_is_a_moving_average_of_the_reports() {
+        let e = EngineSignals::default();
+        assert_eq!(e.tokens_per_estimate(), None);
+        e.observe_prompt(500, 10); // too short a prompt to say
+        assert_eq!(e.tokens_per_estimate(), None);
+        e.observe_prompt(2000, 1000);
+        assert_eq!(e.tokens_per_estimate(), Some(2.0));
+        for _ in 0..200 {
+            e.observe_prompt(1150, 1000);
+        }
+        let r = e.tokens_per_estimate().unwrap();
+        assert!((r - 1.15).abs() < 0.01, "{r}");
+    }
 
     #[test]
     fn the_block_size_from_metrics_before_the_learned_one() {

@@ -12,6 +12,9 @@ pub enum GatewayError {
     Unauthorized(String),
     #[error("{0}")]
     ModelNotFound(String),
+    /// The key's tenant may not call this model.
+    #[error("{0}")]
+    ModelNotAllowed(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -21,11 +24,16 @@ pub enum GatewayError {
     #[error("{0}")]
     RequestTimeout(String),
     #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("{0}")]
     TooManyRequests(String),
     #[error("{0}")]
     BadGateway(String),
     #[error("{0}")]
     Unavailable(String),
+    /// No throttling slot freed within `queue_timeout` (503 with `Retry-After`).
+    #[error("{0}")]
+    QueueTimeout(String),
     #[error("{0}")]
     GatewayTimeout(String),
     #[error("{0}")]
@@ -37,13 +45,15 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_) => 400,
             GatewayError::Unauthorized(_) => 401,
+            GatewayError::ModelNotAllowed(_) => 403,
             GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => 404,
             GatewayError::MethodNotAllowed(_) => 405,
             GatewayError::RequestTimeout(_) => 408,
             GatewayError::PayloadTooLarge(_) => 413,
+            GatewayError::UnsupportedMediaType(_) => 415,
             GatewayError::TooManyRequests(_) => 429,
             GatewayError::BadGateway(_) => 502,
-            GatewayError::Unavailable(_) => 503,
+            GatewayError::Unavailable(_) | GatewayError::QueueTimeout(_) => 503,
             GatewayError::GatewayTimeout(_) => 504,
             GatewayError::Internal(_) => 500,
         }
@@ -55,8 +65,10 @@ impl GatewayError {
             GatewayError::BadRequest(_)
             | GatewayError::MethodNotAllowed(_)
             | GatewayError::PayloadTooLarge(_)
+            | GatewayError::UnsupportedMediaType(_)
             | GatewayError::RequestTimeout(_) => "invalid_request_error",
             GatewayError::Unauthorized(_) => "authentication_error",
+            GatewayError::ModelNotAllowed(_) => "permission_error",
             GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => "not_found_error",
             GatewayError::TooManyRequests(_) => "rate_limit_error",
             _ => "api_error",
@@ -69,13 +81,16 @@ impl GatewayError {
             GatewayError::BadRequest(_) => "invalid_request",
             GatewayError::Unauthorized(_) => "invalid_api_key",
             GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::ModelNotAllowed(_) => "model_not_allowed",
             GatewayError::NotFound(_) => "unknown_url",
             GatewayError::MethodNotAllowed(_) => "method_not_allowed",
             GatewayError::RequestTimeout(_) => "request_timeout",
             GatewayError::PayloadTooLarge(_) => "request_too_large",
+            GatewayError::UnsupportedMediaType(_) => "unsupported_media_type",
             GatewayError::TooManyRequests(_) => "rate_limit_exceeded",
             GatewayError::BadGateway(_) => "upstream_error",
             GatewayError::Unavailable(_) => "no_healthy_upstream",
+            GatewayError::QueueTimeout(_) => "queue_timeout",
             GatewayError::GatewayTimeout(_) => "upstream_timeout",
             GatewayError::Internal(_) => "internal_error",
         }
@@ -86,12 +101,14 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest(_)
             | GatewayError::MethodNotAllowed(_)
+            | GatewayError::UnsupportedMediaType(_)
             | GatewayError::RequestTimeout(_) => "invalid_request_error",
             GatewayError::Unauthorized(_) => "authentication_error",
+            GatewayError::ModelNotAllowed(_) => "permission_error",
             GatewayError::ModelNotFound(_) | GatewayError::NotFound(_) => "not_found_error",
             GatewayError::PayloadTooLarge(_) => "request_too_large",
             GatewayError::TooManyRequests(_) => "rate_limit_error",
-            GatewayError::Unavailable(_) => "overloaded_error",
+            GatewayError::Unavailable(_) | GatewayError::QueueTimeout(_) => "overloaded_error",
             GatewayError::GatewayTimeout(_) => "timeout_error",
             _ => "api_error",
         }

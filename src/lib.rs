@@ -48,6 +48,7 @@ pub mod server;
 pub mod shared;
 pub mod split;
 pub mod status;
+pub mod tenants;
 pub mod throttle;
 pub mod tls;
 pub mod transport;

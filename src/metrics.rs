@@ -70,6 +70,60 @@ pub struct Metrics {
     pub mirror_latency: HistogramVec,
     pub mirror_queue: prometheus::IntGauge,
     pub mirror_inflight: prometheus::IntGauge,
+    /// Per tenant: requests, tokens, rejections.
+    pub tenants: TenantMetrics,
+}
+
+/// `tokengate_tenant_*`: what each tenant used and why it was refused (the tenant's name,
+/// never its key).
+pub struct TenantMetrics {
+    pub requests: IntCounterVec,
+    pub tokens: IntCounterVec,
+    pub rejections: IntCounterVec,
+    /// Throttling queue wait by priority class.
+    pub queue_wait: HistogramVec,
+}
+
+impl TenantMetrics {
+    fn new(registry: &Registry) -> TenantMetrics {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric names");
+            c
+        };
+        let queue_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "tokengate_queue_wait_by_class_seconds",
+                "Time spent in a throttling queue by priority class (interactive, default, batch), until a slot or the queue timeout",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["class"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(queue_wait.clone()))
+            .expect("unique metric names");
+        TenantMetrics {
+            queue_wait,
+            requests: counter(
+                "tokengate_tenant_requests_total",
+                "Requests admitted per tenant (`tenants:`; `default`: the global api_keys) and model (the service or route)",
+                &["tenant", "model"],
+            ),
+            tokens: counter(
+                "tokengate_tenant_tokens_total",
+                "Tokens charged to each tenant's limits per model, by kind: input (prompt), output",
+                &["tenant", "model", "kind"],
+            ),
+            rejections: counter(
+                "tokengate_tenant_rejections_total",
+                "Requests refused per tenant, by reason: model_not_allowed (403), requests_per_minute, input_tokens_per_minute, output_tokens_per_minute, concurrency (429)",
+                &["tenant", "reason"],
+            ),
+        }
+    }
 }
 
 impl Metrics {
@@ -78,9 +132,9 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "tokengate_requests_total",
-                "Requests answered, by model, instance (\"-\" when none was chosen) and status code",
+                "Requests answered, by model, instance (\"-\" when none was chosen), status code (0: none was sent) and outcome: complete, truncated (the status was sent, then the answer broke off), client_left, left_queue (the client hung up while queued for a throttling slot), no_response",
             ),
-            &["model", "instance", "code"],
+            &["model", "instance", "code", "outcome"],
         )
         .expect("metric");
         let duration = HistogramVec::new(
@@ -349,12 +403,19 @@ impl Metrics {
         let protocol_errors = IntCounterVec::new(
             Opts::new(
                 "tokengate_protocol_errors_total",
-                "Client connections the gateway answered at the protocol level before any request was read, by reason: head_timeout (the request head was not complete within timeouts.client_head: 408, connection closed)",
+                "Client connections the gateway answered at the protocol level before any request was read, by reason: head_timeout (the request head was not complete within timeouts.client_head: 408), head_too_large (a head above 64 KiB: 431), too_many_headers (more than 256 head lines: 431), bad_request (a head the HTTP parser refused, e.g. two Content-Lengths, an unknown Transfer-Encoding, a garbage request line: 400); each closes the connection",
             ),
             &["reason"],
         )
         .expect("metric");
-        protocol_errors.with_label_values(&["head_timeout"]);
+        for r in [
+            "head_timeout",
+            "head_too_large",
+            "too_many_headers",
+            "bad_request",
+        ] {
+            protocol_errors.with_label_values(&[r]);
+        }
         // Both results exist from the start (a rate over them works before any reload).
         for r in ["ok", "error"] {
             reloads.with_label_values(&[r]);
@@ -429,6 +490,7 @@ impl Metrics {
         ] {
             registry.register(c).expect("unique metric names");
         }
+        let tenants = TenantMetrics::new(&registry);
         Metrics {
             registry,
             requests,
@@ -470,6 +532,7 @@ impl Metrics {
             mirror_latency,
             mirror_queue,
             mirror_inflight,
+            tenants,
         }
     }
 

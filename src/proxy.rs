@@ -92,14 +92,25 @@ impl Gateway {
         // Admission to an instance: a throttling slot (reject, or wait in the queue); what
         // this region cannot take may go to another region's gateway, or, with the split
         // proxy's local entry set to fail over, to an external API ([`request::attempt`]).
-        let admitted = attempt::admit(&self.shared, session, &plan).await?;
+        let admitted = attempt::admit(&self.shared, session, &plan).await;
         if let (Some(t), Some(q)) = (ctx.trace.as_mut(), queued) {
-            t.admitted(q.elapsed(), admitted.as_ref().err().map(|d| d.status));
+            let denied = match &admitted {
+                Ok(Err(d)) => Some(d.status),
+                _ => None,
+            };
+            t.admitted(q.elapsed(), denied);
         }
         let legs = match admitted {
-            Ok(legs) => legs,
-            Err(d) => {
+            Ok(Ok(legs)) => legs,
+            Ok(Err(d)) => {
+                ctx.refused_model = Some(plan.dest.name().to_string());
                 return request::reject_after(session, ctx, d.status, d.error, d.retry_after).await;
+            }
+            Err(e) => {
+                // The client hung up while queued for a slot.
+                ctx.refused_model = Some(plan.dest.name().to_string());
+                ctx.left_queue = true;
+                return Err(e);
             }
         };
         if session.as_ref().retry_buffer_truncated() {
@@ -162,11 +173,15 @@ impl ProxyHttp for Gateway {
             ctx.api = Some(h.plan.api);
             ctx.followers = h.followers;
             ctx.trace = h.trace;
+            ctx.tenant = h.plan.ticket.as_ref().map(|t| t.tenant.clone());
             ctx.plan = Some(h.plan);
             ctx.body = Some(h.body);
             ctx.legs = h.legs;
             return Ok(false);
         }
+        // Requests pipelined behind this one (sent before its answer) are answered after
+        // it, in order, on the same connection (RFC 9112 §9.3.2), not dropped with it.
+        session.downstream_session.set_pipelining_enabled(true);
         let id = session
             .req_header()
             .headers
@@ -211,6 +226,29 @@ impl ProxyHttp for Gateway {
         dispatch::error_while_proxy(peer, session, e, ctx, client_reused)
     }
 
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora::protocols::Digest>,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        // A throttled service's request keeps its slot until the engine lets go of the
+        // connection ([`request::linger`]).
+        let throttled = ctx
+            .main_leg()
+            .and_then(|l| l.local())
+            .is_some_and(|l| l.service.throttle.is_some());
+        ctx.upstream = if throttled {
+            request::linger::Held::of(fd)
+        } else {
+            None
+        };
+        Ok(())
+    }
+
     async fn upstream_request_filter(
         &self,
         _session: &mut Session,
@@ -233,11 +271,21 @@ impl ProxyHttp for Gateway {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        dispatch::response_header(resp, ctx)
+        dispatch::response_header(resp, ctx)?;
+        if session.req_header().version == http::Version::HTTP_10
+            && resp.headers.get(http::header::CONTENT_LENGTH).is_none()
+        {
+            // HTTP/1.0 has no chunked encoding (Pingora adds it to a body of unknown length,
+            // a stream): the body is delimited by closing the connection instead.
+            resp.remove_header(&http::header::TRANSFER_ENCODING);
+            resp.insert_header(http::header::CONNECTION, "close")?;
+            session.set_keepalive(None);
+        }
+        Ok(())
     }
 
     fn response_body_filter(
@@ -251,52 +299,42 @@ impl ProxyHttp for Gateway {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        let msg = e.context.as_ref().map(|c| c.as_str().to_string());
-        let up = ctx.instance_id();
-        let ge = match e.etype() {
-            ErrorType::HTTPStatus(503) => {
-                GatewayError::Unavailable(msg.unwrap_or_else(|| "no instance available".into()))
-            }
-            ErrorType::HTTPStatus(504) => {
-                GatewayError::GatewayTimeout(msg.unwrap_or_else(|| "upstream timed out".into()))
-            }
-            ErrorType::HTTPStatus(502) => {
-                GatewayError::BadGateway(msg.unwrap_or_else(|| "upstream failed".into()))
-            }
-            ErrorType::HTTPStatus(c) if *c >= 400 && *c < 500 => {
-                GatewayError::BadRequest(msg.unwrap_or_else(|| "bad request".into()))
-            }
-            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
-                GatewayError::GatewayTimeout(format!("instance {up} timed out ({e})"))
-            }
-            ErrorType::ConnectRefused | ErrorType::ConnectNoRoute | ErrorType::ConnectError => {
-                GatewayError::BadGateway(format!("cannot connect to instance {up} ({e})"))
-            }
-            _ => match e.esource() {
-                pingora::ErrorSource::Downstream => {
-                    // The client is gone or sent garbage; nothing useful to answer.
-                    return FailToProxy {
-                        error_code: 0,
-                        can_reuse_downstream: false,
-                    };
-                }
-                _ => GatewayError::BadGateway(format!("instance {up} failed: {e}")),
-            },
+        let Some(ge) = client_error(e, ctx) else {
+            // The client is gone or sent garbage; nothing useful to answer.
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
         };
         let code = ge.status();
-        ctx.local_error = Some(ge.to_string());
+        // The client's body says what failed; the detail (addresses, OS errors) is for the
+        // log: the access line's `error=` and this warning, both with the request id.
+        let detail = match e.etype() {
+            ErrorType::HTTPStatus(_) => ge.to_string(),
+            _ => e.to_string(),
+        };
+        if !matches!(e.etype(), ErrorType::HTTPStatus(_)) {
+            log::warn!(
+                "request {}: answered {code}: {} failed: {detail}",
+                ctx.request_id,
+                ctx.instance_id()
+            );
+        }
+        ctx.local_error = Some(detail);
         // Only when nothing was sent yet can we answer with a clean error.
         let headers_sent = session.response_written().is_some();
         if !headers_sent {
             ctx.local_status = Some(code);
             // Say `Connection: close`: this connection is not reused after a proxy failure.
             session.set_keepalive(None);
-            let _ = request::respond(
+            let _ = request::respond_with(
                 session,
                 code,
                 "application/json",
                 ge.body(ctx.anthropic()),
                 &ctx.request_id,
+                None,
+                ctx.tenant.as_deref(),
             )
             .await;
         }
@@ -309,4 +347,52 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         complete::finish(&self.shared, session, e, ctx);
     }
+}
+
+/// The error a failed proxy attempt answers the client with, `None` when the client is gone.
+/// The gateway's own errors (`HTTPStatus`, their message written for clients) pass as they
+/// are; an upstream failure says what failed — connecting, a timeout, the answer breaking
+/// off — and names the instance only when the routing headers name it too
+/// (`response_headers.routing`), never its address or the OS error.
+fn client_error(e: &Error, ctx: &Ctx) -> Option<GatewayError> {
+    let msg = e.context.as_ref().map(|c| c.as_str().to_string());
+    let routing = ctx
+        .plan
+        .as_ref()
+        .is_none_or(|p| p.runtime.response_headers.routing);
+    let who = match (routing, ctx.main_leg()) {
+        (true, Some(l)) => format!("instance {}", l.name()),
+        _ => "the upstream".to_string(),
+    };
+    let see = format!(
+        " (request id {}: details in the gateway's log)",
+        ctx.request_id
+    );
+    Some(match e.etype() {
+        ErrorType::HTTPStatus(503) => {
+            GatewayError::Unavailable(msg.unwrap_or_else(|| "no instance available".into()))
+        }
+        ErrorType::HTTPStatus(504) => {
+            GatewayError::GatewayTimeout(msg.unwrap_or_else(|| "upstream timed out".into()))
+        }
+        ErrorType::HTTPStatus(502) => {
+            GatewayError::BadGateway(msg.unwrap_or_else(|| "upstream failed".into()))
+        }
+        ErrorType::HTTPStatus(c) if *c >= 400 && *c < 500 => {
+            GatewayError::BadRequest(msg.unwrap_or_else(|| "bad request".into()))
+        }
+        ErrorType::ConnectTimedout => {
+            GatewayError::GatewayTimeout(format!("connecting to {who} timed out{see}"))
+        }
+        ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
+            GatewayError::GatewayTimeout(format!("{who} did not answer in time{see}"))
+        }
+        ErrorType::ConnectRefused | ErrorType::ConnectNoRoute | ErrorType::ConnectError => {
+            GatewayError::BadGateway(format!("cannot connect to {who}{see}"))
+        }
+        _ => match e.esource() {
+            pingora::ErrorSource::Downstream => return None,
+            _ => GatewayError::BadGateway(format!("{who} failed before answering{see}")),
+        },
+    })
 }

@@ -169,7 +169,8 @@ impl Settle {
 /// mistaken file would take away: authentication, or most of a service's instances.
 fn removals(old: &Runtime, new: &Runtime) -> Vec<String> {
     let mut w = Vec::new();
-    if !old.api_keys.is_empty() && new.api_keys.is_empty() {
+    if !old.tenants.is_empty() && new.tenants.is_empty() {
+        // (`api_keys` and every tenant's keys.)
         w.push("`api_keys` removed: the proxy now accepts requests without a key".to_string());
     }
     if old.admin_token.is_some() && new.admin_token.is_none() {

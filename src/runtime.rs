@@ -52,9 +52,6 @@ pub struct Instance {
     pub bootstrap_port: Option<u16>,
     /// An `https://` instance: SNI, verification, the CA.
     pub tls: Option<Arc<crate::tls::TlsPeer>>,
-    /// The engine's KV cache in prefix blocks from the config (`cache_tokens` ÷
-    /// `prefix_index.block_size`); see [`Self::cache_blocks`].
-    pub config_cache_blocks: Option<u64>,
     /// `cache_tokens` as configured.
     pub config_cache_tokens: Option<u64>,
     /// `engine_metrics.cache_size`: without `cache_tokens`, the engine's reported size counts.
@@ -81,29 +78,34 @@ impl HasLoad for Instance {
 }
 
 impl Instance {
-    /// The most blocks the prefix index lets this instance hold: its `cache_tokens`, else
-    /// (with `engine_metrics.cache_size`) the KV cache size its engine reports, in blocks of
-    /// `block_tokens`. `None`: unbounded (also for a size under one block).
+    /// The most blocks the prefix index lets this instance hold: [`Self::cache_tokens`] in
+    /// blocks of `block_tokens`. `None`: unbounded (also for a size under one block).
     pub fn cache_blocks(&self, block_tokens: usize) -> Option<u64> {
-        self.config_cache_blocks
-            .or_else(|| {
-                self.engine_cache_size
-                    .then(|| self.engine.cache_tokens())
-                    .flatten()
-                    .map(|t| t / block_tokens.max(1) as u64)
-            })
+        self.cache_tokens()
+            .map(|t| t / block_tokens.max(1) as u64)
             .filter(|b| *b > 0)
     }
 
-    /// The engine's KV cache in tokens when known: `cache_tokens`, else (with
-    /// `engine_metrics.cache_size`) what its engine reports.
-    pub fn cache_tokens(&self) -> Option<u64> {
+    /// The engine's KV cache in tokens as the engine counts them, when known: `cache_tokens`,
+    /// else (with `engine_metrics.cache_size`) what its engine reports.
+    pub fn engine_cache_tokens(&self) -> Option<u64> {
         self.config_cache_tokens
             .or_else(|| {
                 self.engine_cache_size
                     .then(|| self.engine.cache_tokens())
                     .flatten()
             })
+            .filter(|t| *t > 0)
+    }
+
+    /// [`Self::engine_cache_tokens`] in the gateway's estimated tokens (the unit of the
+    /// prefix index and of the in-flight figures): divided by the engine's tokens per
+    /// estimated token, as learned from its reports (an engine whose tokenizer counts twice
+    /// the estimate holds half as many estimated tokens).
+    pub fn cache_tokens(&self) -> Option<u64> {
+        let ratio = self.engine.tokens_per_estimate().unwrap_or(1.0);
+        self.engine_cache_tokens()
+            .map(|t| (t as f64 / ratio) as u64)
             .filter(|t| *t > 0)
     }
 
@@ -416,10 +418,14 @@ pub struct Runtime {
     pub aliases: HashMap<String, Dest>,
     pub strict: bool,
     pub default_model: Option<String>,
-    pub api_keys: Vec<Vec<u8>>,
+    /// Client keys and their tenants (the global `api_keys`: the implicit tenant); empty:
+    /// the gateway is open. Counters kept across reloads by tenant name.
+    pub tenants: crate::tenants::Tenants,
     pub admin_token: Option<Vec<u8>>,
     pub max_body_bytes: usize,
     pub timeouts: Timeouts,
+    /// Routing headers on or off, the engines' headers that pass (`response_headers:`).
+    pub response_headers: crate::config::ResponseHeaders,
     /// Bytes per prefix block: `prefix_index.block_size` tokens × 4 bytes.
     pub block_bytes: usize,
     /// Tokens per prefix block.
@@ -638,9 +644,6 @@ impl Runtime {
                     engine_cache_size: s.engine_metrics.as_ref().is_some_and(|e| e.cache_size),
                     config_cache_tokens: i.cache_tokens,
                     config_block_tokens: i.cache_block_tokens,
-                    config_cache_blocks: i
-                        .cache_tokens
-                        .map(|t| t / cfg.prefix_index.block_size.max(1) as u64),
                     origin,
                     host_header,
                     auth,
@@ -858,10 +861,15 @@ impl Runtime {
             aliases,
             strict: cfg.routing.strict,
             default_model: cfg.routing.default_model.clone(),
-            api_keys: cfg.api_keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            tenants: crate::tenants::Tenants::build(
+                &cfg.api_keys,
+                &cfg.tenants,
+                prev.map(|p| &p.tenants),
+            ),
             admin_token: cfg.admin_token.as_ref().map(|t| t.as_bytes().to_vec()),
             max_body_bytes: cfg.max_body_bytes,
             timeouts: cfg.timeouts.clone(),
+            response_headers: cfg.response_headers.clone(),
             block_bytes: block_tokens * crate::api::BYTES_PER_TOKEN,
             block_tokens,
             memory: crate::memory::MemoryPolicy::new(
@@ -944,6 +952,8 @@ impl Runtime {
                     "placed_blocks": s.index.placed_blocks(i.key),
                     "cache_blocks": i.cache_blocks(self.block_tokens),
                     "cache_tokens": i.cache_tokens(),
+                    "engine_cache_tokens": i.engine_cache_tokens(),
+                    "tokens_per_estimate": i.engine.tokens_per_estimate(),
                     "cache_block_tokens": i.engine_block_tokens(),
                     "slots": i.throttle.as_ref().map(|_| match i.role {
                         // A decode node's slots: its requests from dispatch to completion.
@@ -1047,16 +1057,25 @@ impl Runtime {
 
     /// OpenAI-shaped model list for `GET /v1/models`: the names clients send (never the
     /// engines' served names): services, then routes, each followed by its aliases.
-    pub fn models_json(&self) -> serde_json::Value {
+    /// `GET /v1/models`: every service and route by name and alias — for a tenant, those
+    /// it may call (a name it allows, or the alias of one).
+    pub fn models_json(&self, tenant: Option<&crate::tenants::Tenant>) -> serde_json::Value {
+        let allowed = |canonical: &str, name: &str| {
+            tenant.is_none_or(|t| t.allows(name) || t.allows(canonical))
+        };
         let data: Vec<serde_json::Value> = self
             .ordered
             .iter()
-            .flat_map(|s| std::iter::once(&s.name).chain(&s.aliases))
-            .chain(
-                self.ordered_routes
-                    .iter()
-                    .flat_map(|r| std::iter::once(&r.name).chain(&r.aliases)),
-            )
+            .flat_map(|s| {
+                std::iter::once(&s.name)
+                    .chain(&s.aliases)
+                    .filter(|n| allowed(&s.name, n))
+            })
+            .chain(self.ordered_routes.iter().flat_map(|r| {
+                std::iter::once(&r.name)
+                    .chain(&r.aliases)
+                    .filter(|n| allowed(&r.name, n))
+            }))
             .map(|name| {
                 serde_json::json!({
                     "id": name,

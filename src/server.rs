@@ -125,10 +125,7 @@ async fn accept_loop<A>(
                     let shutdown = shutdown.clone();
                     let guard = ActiveGuard::new(&active);
                     let head_limit = shared.runtime.load().timeouts.client_head;
-                    let expired = shared
-                        .metrics
-                        .protocol_errors
-                        .with_label_values(&["head_timeout"]);
+                    let expired = shared.metrics.protocol_errors.clone();
                     tokio::spawn(async move {
                         let _guard = guard;
                         let stream: pingora::protocols::Stream = Box::new(

@@ -17,14 +17,23 @@
 //! `service` — the combined load of the service's instances is checked against the limit ×
 //! the number of instances (a pool); the scheduler then picks among all of them.
 //!
-//! Overflow: `reject` answers 429 at once (`Retry-After`); `queue` waits in FIFO order: only
+//! Overflow: `reject` answers 429 at once (`Retry-After`); `queue` waits in the queue: only
 //! the head of the queue tries to take a slot, a released slot wakes the head, a head that
 //! got its slot wakes the next. The queue belongs to the service name and survives a config
 //! reload. A waiter that leaves (client gone, timeout) takes itself out of the queue.
+//!
+//! Queue order ([`Place`]): by class first (a tenant's priority: `interactive`, `default`,
+//! `batch`), except that a waiter that has waited [`STARVATION_GUARD`] is overtaken by no
+//! newcomer; within a class, start-time fair queueing over flows (tenants) weighted by
+//! tokens: a waiter's tag is `max(virtual time, its flow's last finish)` and its flow's
+//! finish moves on by the request's estimated tokens, the virtual time follows the tags of
+//! the heads that leave. A flow with a deep backlog thus takes turns with a flow that sends
+//! one request, each getting an equal share of the tokens. Without tenants every waiter is
+//! of one flow and one class: FIFO.
 
 use crate::load::{Limits, LoadSnapshot, SlotPool};
 use parking_lot::{Mutex, RwLock};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,14 +84,48 @@ pub struct Throttle {
     pub pool: Arc<SlotPool>,
     /// The decode nodes' pool (scope `service` of a disaggregated service).
     pub decode_pool: Arc<SlotPool>,
-    queue: Mutex<VecDeque<Waiter>>,
+    queue: Mutex<Queue>,
     next_id: AtomicU64,
+}
+
+/// A waiter that has waited this long is overtaken by no newcomer of a higher class (the
+/// lowest class is not starved by a steady stream of higher ones).
+pub const STARVATION_GUARD: Duration = Duration::from_secs(5);
+
+/// Where a request goes in the queue: its class (0 first) and, within it, its flow (its
+/// tenant) and cost (its estimated tokens).
+#[derive(Debug, Clone, Default)]
+pub struct Place {
+    pub class: u8,
+    pub flow: String,
+    pub cost: u64,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    waiters: VecDeque<Waiter>,
+    /// The tag of the last head that left.
+    vtime: f64,
+    /// Each flow's last finish tag (cleared when the queue empties).
+    finish: HashMap<String, f64>,
 }
 
 #[derive(Debug)]
 struct Waiter {
     id: u64,
     wake: Arc<Notify>,
+    class: u8,
+    tag: f64,
+    since: std::time::Instant,
+}
+
+impl Waiter {
+    /// Whether a newcomer of `class` and `tag` stays behind this waiter.
+    fn keeps_ahead_of(&self, class: u8, tag: f64) -> bool {
+        self.class < class
+            || (self.class == class && self.tag <= tag)
+            || self.since.elapsed() >= STARVATION_GUARD
+    }
 }
 
 /// Why a request did not get a slot.
@@ -112,7 +155,7 @@ impl Throttle {
             settings: RwLock::new(settings),
             pool: Arc::new(SlotPool::default()),
             decode_pool: Arc::new(SlotPool::default()),
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Queue::default()),
             next_id: AtomicU64::new(0),
         }
     }
@@ -129,29 +172,54 @@ impl Throttle {
 
     /// Requests waiting in the queue.
     pub fn queued(&self) -> usize {
-        self.queue.lock().len()
+        self.queue.lock().waiters.len()
     }
 
     /// A slot was released: wake the head of the queue (it tries to take one).
     pub fn kick(&self) {
-        if let Some(w) = self.queue.lock().front() {
+        if let Some(w) = self.queue.lock().waiters.front() {
             w.wake.notify_one();
         }
     }
 
-    /// Joins the queue, unless it holds `max_queue` requests already.
+    /// Joins the queue at the back (one class, one flow), unless it holds `max_queue`
+    /// requests already.
     pub fn enqueue(self: &Arc<Self>) -> Result<Ticket, Refusal> {
+        self.enqueue_at(&Place::default())
+    }
+
+    /// Joins the queue at its [`Place`], unless it holds `max_queue` requests already.
+    pub fn enqueue_at(self: &Arc<Self>, place: &Place) -> Result<Ticket, Refusal> {
         let max = self.settings.read().max_queue;
-        let mut q = self.queue.lock();
-        if q.len() >= max {
+        let mut guard = self.queue.lock();
+        let q = &mut *guard;
+        if q.waiters.len() >= max {
             return Err(Refusal::QueueFull);
         }
         let id = self.next_id.fetch_add(1, Relaxed);
         let wake = Arc::new(Notify::new());
-        q.push_back(Waiter {
-            id,
-            wake: wake.clone(),
-        });
+        let finish = q.finish.entry(place.flow.clone()).or_insert(0.0);
+        let tag = finish.max(q.vtime);
+        *finish = tag + place.cost.max(1) as f64;
+        let at = q
+            .waiters
+            .iter()
+            .rposition(|w| w.keeps_ahead_of(place.class, tag))
+            .map_or(0, |p| p + 1);
+        q.waiters.insert(
+            at,
+            Waiter {
+                id,
+                wake: wake.clone(),
+                class: place.class,
+                tag,
+                since: std::time::Instant::now(),
+            },
+        );
+        if at == 0 {
+            // A new head (it overtook the old one): it tries for a slot.
+            wake.notify_one();
+        }
         Ok(Ticket {
             throttle: self.clone(),
             id,
@@ -200,6 +268,7 @@ impl Ticket {
         self.throttle
             .queue
             .lock()
+            .waiters
             .front()
             .is_some_and(|w| w.id == self.id)
     }
@@ -214,6 +283,7 @@ impl Ticket {
         self.throttle
             .queue
             .lock()
+            .waiters
             .iter()
             .position(|w| w.id == self.id)
             .map_or(0, |p| p + 1)
@@ -222,13 +292,23 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut q = self.throttle.queue.lock();
-        if let Some(p) = q.iter().position(|w| w.id == self.id) {
-            q.remove(p);
+        let mut guard = self.throttle.queue.lock();
+        let q = &mut *guard;
+        if let Some(p) = q.waiters.iter().position(|w| w.id == self.id) {
+            if let Some(w) = q.waiters.remove(p) {
+                if p == 0 {
+                    q.vtime = q.vtime.max(w.tag);
+                }
+            }
+        }
+        if q.waiters.is_empty() {
+            // No backlog: the next one starts every flow even.
+            q.vtime = 0.0;
+            q.finish.clear();
         }
         // The next head tries for a slot: a free one (the one this waiter got is taken, but
         // more may be free), or it waits for the next release.
-        if let Some(w) = q.front() {
+        if let Some(w) = q.waiters.front() {
             w.wake.notify_one();
         }
     }
@@ -276,5 +356,47 @@ mod tests {
         assert_eq!(t.queued(), 1);
         drop(b);
         assert_eq!(t.queued(), 0);
+    }
+
+    #[test]
+    fn classes_first_then_fair_shares_of_tokens() {
+        let t = Arc::new(Throttle::new(settings(100)));
+        let at = |class: u8, flow: &str| Place {
+            class,
+            flow: flow.into(),
+            cost: 100,
+        };
+        // A deep backlog of one flow, then one request of another: it goes second.
+        let heavy: Vec<Ticket> = (0..5).map(|_| t.enqueue_at(&at(1, "h")).unwrap()).collect();
+        let light = t.enqueue_at(&at(1, "l")).unwrap();
+        assert_eq!(light.position(), 2);
+        // A batch request queues behind them, an interactive one in front of everything.
+        let batch = t.enqueue_at(&at(2, "b")).unwrap();
+        assert_eq!(batch.position(), 7);
+        let inter = t.enqueue_at(&at(0, "i")).unwrap();
+        assert!(inter.is_head());
+        drop((heavy, light, batch, inter));
+        assert_eq!(t.queued(), 0);
+    }
+
+    #[test]
+    fn a_waiter_past_the_starvation_guard_is_not_overtaken() {
+        let t = Arc::new(Throttle::new(settings(100)));
+        let at = |class: u8| Place {
+            class,
+            flow: String::new(),
+            cost: 100,
+        };
+        let old = t.enqueue_at(&at(2)).unwrap();
+        let young = t.enqueue_at(&at(2)).unwrap();
+        // The first batch waiter has waited past the guard (moved back in time, no sleep).
+        if let Some(w) = t.queue.lock().waiters.front_mut() {
+            w.since = std::time::Instant::now()
+                .checked_sub(STARVATION_GUARD)
+                .unwrap();
+        }
+        let inter = t.enqueue_at(&at(0)).unwrap();
+        assert!(old.is_head());
+        assert_eq!((inter.position(), young.position()), (2, 3));
     }
 }

@@ -22,6 +22,15 @@
 //! while each read stays within every per-read timeout. The clock runs only while a head is
 //! being read: not between keep-alive requests (the idle timeout applies there), not while
 //! a body is uploaded (`timeouts.client_body`) or an answer streams.
+//!
+//! The head is also measured as it arrives: one larger than [`MAX_HEAD_BYTES`] or with more
+//! header lines than [`MAX_HEAD_LINES`] is answered `431` here and the connection closed
+//! (`reason="head_too_large"` / `"too_many_headers"`), before Pingora's own parser would
+//! refuse it with an empty `400` (its limits are 1 MiB and 256 headers). And the heads
+//! Pingora refuses itself (a garbage request line, two `Content-Length`s, an unknown
+//! `Transfer-Encoding`: its bare `400` written before any hook of ours runs) are recognised
+//! as they are written and counted (`reason="bad_request"`) with an `access` line. Every
+//! request answered at the protocol level thus leaves a metric and a log line.
 
 use async_trait::async_trait;
 use pingora::protocols::l4::stream::Stream as L4Stream;
@@ -38,6 +47,14 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+/// Largest request head (request line and headers, up to the blank line) read; a larger
+/// one is answered 431. Engines refuse far smaller heads (uvicorn/h11: 64 KiB).
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// Most lines a request head may have (request line, headers, blank line): Pingora's parser
+/// takes at most 256 headers and answers more with an empty 400; we answer 431 first.
+pub const MAX_HEAD_LINES: usize = 256;
+
 /// The most a connection gathers before it sends. A 2 KB answer with its header, or an SSE
 /// chunk with its framing, fits many times over.
 pub const MAX_GATHER: usize = 16 * 1024;
@@ -50,8 +67,9 @@ pub struct Gathered {
     /// Bytes of `buf` already handed to the socket during a flush that returned `Pending`.
     sent: usize,
     head: Head,
-    /// The request-head deadline, and what counts its expiry; `None`: no deadline.
-    head_limit: Option<(Duration, prometheus::IntCounter)>,
+    /// The request-head limits and `tokengate_protocol_errors_total`; `None`: no limits
+    /// (a plain gathering stream).
+    head_limit: Option<(Duration, prometheus::IntCounterVec)>,
 }
 
 /// Where the connection is in reading a request head.
@@ -64,30 +82,88 @@ enum Head {
     Reading {
         deadline: Pin<Box<tokio::time::Sleep>>,
         nl: bool,
+        /// Bytes and lines of the head so far.
+        len: usize,
+        lines: usize,
     },
     /// The head is complete; a body and the answer follow.
     Done,
-    /// The deadline passed: 408 sent, every read from now on is the end of the stream.
+    /// Answered at the protocol level (408, 431): every read from now on is the end of the
+    /// stream.
     Expired,
 }
 
-/// Whether `bytes` end a request head whose earlier bytes left `nl` (see [`Head::Reading`]);
-/// updates `nl`. A head ends at an empty line (`\r\n\r\n`, or bare `\n\n` as parsers accept).
-fn head_ends(nl: &mut bool, bytes: &[u8]) -> bool {
+/// Where `bytes` end a request head whose earlier bytes left `nl` (see [`Head::Reading`]):
+/// the offset just past its last `\n`; updates `nl` and counts the `lines` ended. A head
+/// ends at an empty line (`\r\n\r\n`, or bare `\n\n` as parsers accept).
+fn head_ends(nl: &mut bool, lines: &mut usize, bytes: &[u8]) -> Option<usize> {
     let mut prev_nl = *nl;
     let mut start = 0;
     for p in memchr::memchr_iter(b'\n', bytes) {
+        *lines += 1;
         if prev_nl && bytes[start..p].iter().all(|&b| b == b'\r') {
-            return true;
+            return Some(p + 1);
         }
         prev_nl = true;
         start = p + 1;
     }
     *nl = prev_nl && bytes[start..].iter().all(|&b| b == b'\r');
-    false
+    None
+}
+
+/// Why a connection was answered at the protocol level (`reason` label, access line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    HeadTimeout,
+    HeadTooLarge,
+    TooManyHeaders,
+}
+
+impl Refused {
+    fn reason(self) -> &'static str {
+        match self {
+            Refused::HeadTimeout => "head_timeout",
+            Refused::HeadTooLarge => "head_too_large",
+            Refused::TooManyHeaders => "too_many_headers",
+        }
+    }
+
+    fn status_line(self) -> &'static str {
+        match self {
+            Refused::HeadTimeout => "408 Request Timeout",
+            _ => "431 Request Header Fields Too Large",
+        }
+    }
+
+    fn body(self) -> &'static [u8] {
+        match self {
+            Refused::HeadTimeout => HEAD_TIMEOUT_BODY,
+            Refused::HeadTooLarge => HEAD_TOO_LARGE_BODY,
+            Refused::TooManyHeaders => TOO_MANY_HEADERS_BODY,
+        }
+    }
+}
+
+/// Whether `data` (the start of an answer being written) is Pingora's own error answer to a
+/// head it could not parse: a bare 4xx with `Content-Length: 0` and its
+/// `Cache-Control: private, no-store` (`pingora_core::protocols::http::error_resp`). Our
+/// own answers always carry a JSON body.
+fn pingora_refusal(data: &[u8]) -> Option<u16> {
+    let rest = data.strip_prefix(b"HTTP/1.1 4")?;
+    let code = std::str::from_utf8(rest.get(..2)?)
+        .ok()?
+        .parse::<u16>()
+        .ok()?;
+    let head = &data[..memchr::memmem::find(data, b"\r\n\r\n").unwrap_or(data.len())];
+    let lower = head.to_ascii_lowercase();
+    (memchr::memmem::find(&lower, b"\r\ncontent-length: 0\r").is_some()
+        && memchr::memmem::find(&lower, b"\r\ncache-control: private, no-store").is_some())
+    .then_some(400 + code)
 }
 
 const HEAD_TIMEOUT_BODY: &[u8] = br#"{"error":{"message":"the request head (request line and headers) was not complete within timeouts.client_head","type":"invalid_request_error","code":"request_timeout"}}"#;
+const HEAD_TOO_LARGE_BODY: &[u8] = br#"{"error":{"message":"request headers too large: the request head (request line and headers) is above 64 KiB","type":"invalid_request_error","code":"request_header_too_large"}}"#;
+const TOO_MANY_HEADERS_BODY: &[u8] = br#"{"error":{"message":"request headers too large: the request head has more than 255 header lines","type":"invalid_request_error","code":"request_header_too_large"}}"#;
 
 impl Gathered {
     pub fn new(inner: L4Stream) -> Self {
@@ -100,61 +176,79 @@ impl Gathered {
         }
     }
 
-    /// With the request-head deadline `limit`; `expired` counts the connections it closes.
+    /// With the request-head deadline `limit` and size limits; `errors`
+    /// (`tokengate_protocol_errors_total`) counts the connections answered here.
     pub fn with_head_deadline(
         inner: L4Stream,
         limit: Duration,
-        expired: prometheus::IntCounter,
+        errors: prometheus::IntCounterVec,
     ) -> Self {
         let mut g = Gathered::new(inner);
-        g.head_limit = Some((limit, expired));
+        g.head_limit = Some((limit, errors));
         g
     }
 
-    /// Follows the head through bytes just read.
-    fn saw(&mut self, got: &[u8]) {
-        let Some((limit, _)) = &self.head_limit else {
-            return;
-        };
-        match &mut self.head {
-            Head::Idle => {
-                let mut nl = false;
-                self.head = if head_ends(&mut nl, got) {
-                    Head::Done
-                } else {
-                    Head::Reading {
-                        deadline: Box::pin(tokio::time::sleep(*limit)),
-                        nl,
-                    }
-                };
-            }
-            Head::Reading { nl, .. } => {
-                if head_ends(nl, got) {
+    /// Follows the head through bytes just read; `Some`: the head breaks a limit.
+    fn saw(&mut self, got: &[u8]) -> Option<Refused> {
+        let (limit, _) = self.head_limit.as_ref()?;
+        if matches!(self.head, Head::Idle) {
+            // The common case: a whole head in one read, within the limits (no timer).
+            let (mut nl, mut lines) = (false, 0);
+            if let Some(end) = head_ends(&mut nl, &mut lines, got) {
+                if end <= MAX_HEAD_BYTES && lines <= MAX_HEAD_LINES {
                     self.head = Head::Done;
+                    return None;
                 }
             }
-            Head::Done | Head::Expired => {}
+            self.head = Head::Reading {
+                deadline: Box::pin(tokio::time::sleep(*limit)),
+                nl: false,
+                len: 0,
+                lines: 0,
+            };
         }
+        let Head::Reading { nl, len, lines, .. } = &mut self.head else {
+            return None;
+        };
+        let end = head_ends(nl, lines, got);
+        *len += end.unwrap_or(got.len());
+        // Lines first: a flood of short headers is "too many" however it was cut into reads.
+        let refused = if *lines > MAX_HEAD_LINES {
+            Some(Refused::TooManyHeaders)
+        } else if *len > MAX_HEAD_BYTES {
+            Some(Refused::HeadTooLarge)
+        } else {
+            None
+        };
+        if refused.is_none() && end.is_some() {
+            self.head = Head::Done;
+        }
+        refused
     }
 
     /// An answer is being written: the next bytes read start a new head (an interim `1xx`,
-    /// such as `100 Continue` before the body, does not count).
+    /// such as `100 Continue` before the body, does not count). Pingora's own answer to a
+    /// head it refused is counted and logged here (see the module docs).
     fn answering(&mut self, data: &[u8]) {
+        if matches!(self.head, Head::Reading { .. } | Head::Done) {
+            if let Some(status) = pingora_refusal(data) {
+                self.trace(
+                    "bad_request",
+                    status,
+                    "request head refused by the HTTP parser",
+                );
+            }
+        }
         if matches!(self.head, Head::Done) && !data.starts_with(b"HTTP/1.1 1") {
             self.head = Head::Idle;
         }
     }
 
-    /// The head deadline passed: answer 408 (best effort, never blocking), count and log it.
-    fn expire(&mut self) {
-        self.head = Head::Expired;
-        let limit = match &self.head_limit {
-            Some((limit, counter)) => {
-                counter.inc();
-                *limit
-            }
-            None => return,
-        };
+    /// Counts a protocol-level answer and writes its access line.
+    fn trace(&self, reason: &str, status: u16, error: &str) {
+        if let Some((_, errors)) = &self.head_limit {
+            errors.with_label_values(&[reason]).inc();
+        }
         let peer = self
             .inner
             .get_socket_digest()
@@ -162,18 +256,44 @@ impl Gathered {
             .unwrap_or_else(|| "-".into());
         log::info!(
             target: "access",
-            "- - - model=- instance=- status=408 reason=head_timeout peer={peer} error=\"request head not complete within {limit:?}\""
+            "- - - model=- instance=- status={status} reason={reason} outcome=refused peer={peer} error={error:?}"
         );
+    }
+
+    /// Answers at the protocol level (best effort, never blocking), counts and logs it; the
+    /// connection reads as ended from now on.
+    fn expire(&mut self, why: Refused) {
+        self.head = Head::Expired;
+        let error = match (&self.head_limit, why) {
+            (None, _) => return,
+            (Some((limit, _)), Refused::HeadTimeout) => {
+                format!("request head not complete within {limit:?}")
+            }
+            (_, Refused::HeadTooLarge) => {
+                format!("request head larger than {MAX_HEAD_BYTES} bytes")
+            }
+            (_, Refused::TooManyHeaders) => {
+                format!("request head with more than {MAX_HEAD_LINES} lines")
+            }
+        };
+        let status = if why == Refused::HeadTimeout {
+            408
+        } else {
+            431
+        };
+        self.trace(why.reason(), status, &error);
+        let body = why.body();
         self.buf.clear();
         self.sent = 0;
         self.buf.extend_from_slice(
             format!(
-                "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                HEAD_TIMEOUT_BODY.len()
+                "HTTP/1.1 {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                why.status_line(),
+                body.len()
             )
             .as_bytes(),
         );
-        self.buf.extend_from_slice(HEAD_TIMEOUT_BODY);
+        self.buf.extend_from_slice(body);
         let mut cx = Context::from_waker(std::task::Waker::noop());
         if self.poll_drain(&mut cx).is_ready() {
             let _ = Pin::new(&mut self.inner).poll_flush(&mut cx);
@@ -218,21 +338,23 @@ impl AsyncRead for Gathered {
                 if let Head::Reading { deadline, .. } = &this.head {
                     if deadline.is_elapsed() {
                         buf.set_filled(before);
-                        this.expire();
+                        this.expire(Refused::HeadTimeout);
                         return Poll::Ready(Ok(()));
                     }
                 }
                 let n = buf.filled().len();
-                if n > before {
-                    let got = buf.filled()[before..n].to_vec();
-                    this.saw(&got);
+                if n > before && !matches!(this.head, Head::Done) {
+                    if let Some(why) = this.saw(&buf.filled()[before..n]) {
+                        buf.set_filled(before);
+                        this.expire(why);
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
             Poll::Pending => {
                 if let Head::Reading { deadline, .. } = &mut this.head {
                     if deadline.as_mut().poll(cx).is_ready() {
-                        this.expire();
+                        this.expire(Refused::HeadTimeout);
                         return Poll::Ready(Ok(()));
                     }
                 }
@@ -376,22 +498,42 @@ mod tests {
 
     #[test]
     fn heads_end_at_the_empty_line_across_reads() {
-        let mut nl = false;
-        assert!(!head_ends(&mut nl, b"GET / HTTP/1.1\r\nhost: x\r"));
+        let (mut nl, mut lines) = (false, 0);
+        assert_eq!(
+            head_ends(&mut nl, &mut lines, b"GET / HTTP/1.1\r\nhost: x\r"),
+            None
+        );
         assert!(!nl);
-        assert!(!head_ends(&mut nl, b"\n"));
+        assert_eq!(head_ends(&mut nl, &mut lines, b"\n"), None);
         assert!(nl);
-        assert!(!head_ends(&mut nl, b"\r"));
+        assert_eq!(head_ends(&mut nl, &mut lines, b"\r"), None);
         assert!(nl);
-        assert!(head_ends(&mut nl, b"\nbody"));
-        let mut nl = false;
-        assert!(head_ends(&mut nl, b"GET / HTTP/1.1\nhost: x\n\n"));
-        let mut nl = false;
-        assert!(!head_ends(
-            &mut nl,
-            b"GET / HTTP/1.1\r\nhost: x\r\nx-a: \r\r"
-        ));
+        assert_eq!(head_ends(&mut nl, &mut lines, b"\nbody"), Some(1));
+        assert_eq!(lines, 3);
+        let (mut nl, mut lines) = (false, 0);
+        assert_eq!(
+            head_ends(&mut nl, &mut lines, b"GET / HTTP/1.1\nhost: x\n\n"),
+            Some(24)
+        );
+        let (mut nl, mut lines) = (false, 0);
+        assert_eq!(
+            head_ends(
+                &mut nl,
+                &mut lines,
+                b"GET / HTTP/1.1\r\nhost: x\r\nx-a: \r\r"
+            ),
+            None
+        );
         assert!(!nl);
+    }
+
+    #[test]
+    fn pingoras_own_refusals_are_recognised_and_ours_are_not() {
+        let theirs = b"HTTP/1.1 400 Bad Request\r\nServer: Pingora\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\nContent-Length: 0\r\nCache-Control: private, no-store\r\nConnection: close\r\n\r\n";
+        assert_eq!(pingora_refusal(theirs), Some(400));
+        let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 80\r\n\r\n{}";
+        assert_eq!(pingora_refusal(ours), None);
+        assert_eq!(pingora_refusal(b"HTTP/1.1 200 OK\r\n\r\n"), None);
     }
 
     #[tokio::test]

@@ -19,8 +19,10 @@ async fn fleet() -> (Vec<engine_sim::SimHandle>, GatewayProc) {
             .unwrap(),
         );
     }
+    // The engines' ids pass (response_headers.engine) so that they can be compared with
+    // the gateway's x-tokengate-instance.
     let yaml = format!(
-        "services:\n{}",
+        "response_headers: {{engine: [x-engine-id]}}\nservices:\n{}",
         service("qwen3-0.6b", &[("e1", sims[0].addr), ("e2", sims[1].addr)])
     );
     (sims, GatewayProc::start(&yaml))

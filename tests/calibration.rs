@@ -106,9 +106,15 @@ async fn the_index_is_corrected_only_when_an_engine_really_evicted() {
         index["trims"], 0,
         "a healthy engine's reports trimmed the index: {v:#}"
     );
-    // The block size was learned from the engines' cached-token counts.
+    // The block size was learned from the engines' cached-token counts, and how each
+    // engine's tokenizer counts against the gateway's estimate from their prompt tokens.
     for i in v["instances"].as_array().unwrap() {
         assert_eq!(i["cache_block_tokens"], 128, "{i}");
+        let r = i["tokens_per_estimate"].as_f64().unwrap();
+        match i["id"].as_str().unwrap() {
+            "e1" => assert!((1.1..1.3).contains(&r), "4 / 3.4 bytes per token: {i}"),
+            _ => assert!((0.8..0.95).contains(&r), "4 / 4.6 bytes per token: {i}"),
+        }
     }
     let m = gw.metrics().await;
     let (prompt, cached, predicted) = (
@@ -142,4 +148,35 @@ async fn the_index_is_corrected_only_when_an_engine_really_evicted() {
     assert!(cached > 0);
     gw.wait_idle().await;
     assert_eq!(gw.instances().await["prefix_indexes"][0]["trims"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_size_counts_in_the_engines_tokens() {
+    // An engine whose tokenizer counts twice the gateway's estimate (2 bytes per token) and
+    // a KV cache of 2,048 of its tokens: the index holds 64 of its 16-token blocks there,
+    // not 128, once the engine's prompt counts have said so.
+    let sim = engine_sim::spawn_local(engine_sim::SimConfig {
+        id: "e1".into(),
+        model: "m".into(),
+        bytes_per_token: 2.0,
+        time_scale: 20.0,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    scheduler: {{mode: layered}}\n    instances:\n      - {{id: e1, addr: \"{}\", cache_tokens: 2048}}\n",
+        sim.addr
+    ));
+    let inst = || async { gw.instances().await["instances"][0].clone() };
+    assert_eq!(inst().await["cache_blocks"], 128);
+    let c = reqwest::Client::new();
+    send(&c, &gw, &chat(&words("a", 100), "q")).await;
+    gw.wait_idle().await;
+    let i = inst().await;
+    let r = i["tokens_per_estimate"].as_f64().unwrap();
+    assert!((1.9..2.2).contains(&r), "{i}");
+    let blocks = i["cache_blocks"].as_u64().unwrap();
+    assert!((58..=68).contains(&blocks), "{i}");
+    assert_eq!(i["engine_cache_tokens"], 2048, "{i}");
 }

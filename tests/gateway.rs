@@ -635,8 +635,8 @@ async fn models_headers_request_id_and_metrics() {
     gw.wait_idle().await;
     let metrics = gw.metrics().await;
     for needle in [
-        "tokengate_requests_total{code=\"200\",instance=\"up-1\",model=\"m\"} 1",
-        "tokengate_requests_total{code=\"200\",instance=\"up-2\",model=\"other\"} 1",
+        "tokengate_requests_total{code=\"200\",instance=\"up-1\",model=\"m\",outcome=\"complete\"} 1",
+        "tokengate_requests_total{code=\"200\",instance=\"up-2\",model=\"other\",outcome=\"complete\"} 1",
         "tokengate_request_duration_seconds_count{model=\"m\"} 1",
         // Tokens per model (the service that served the request).
         "tokengate_tokens_total{kind=\"prompt\",model=\"m\"} 11",

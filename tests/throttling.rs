@@ -419,3 +419,138 @@ async fn big_bodies_and_retries_keep_slots_exact() {
     let v = gw.wait_idle().await;
     assert_eq!(v["throttles"][0]["queued"], 0, "{v:#}");
 }
+
+/// A slot is held until the engine lets go of the request, not merely until its client left:
+/// `total: 1`, stream A decoding, B queued, A's client hangs up. The engine notices a
+/// disconnected request only at its next decode step (100 ms here, as a real engine checks
+/// between steps); B must not reach it before, so the engine never runs two at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_hanging_up_does_not_let_the_engine_exceed_the_limit() {
+    let e = engine_sim::spawn_local(engine_sim::SimConfig {
+        id: "e1".into(),
+        model: "m".into(),
+        prefill_tps: 100_000.0,
+        time_scale: 1.0,
+        decode_step_ms: 100.0,
+        decode_per_req_ms: 0.0,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let fleet = vec![e];
+    let gw = gw(
+        "{overflow: queue, total: 1, queue_timeout: 30s}",
+        &fleet,
+        "",
+    );
+    let c = reqwest::Client::new();
+    let long = |tag: &str| {
+        serde_json::json!({"model": "m", "stream": true, "max_tokens": 300,
+            "messages": [{"role": "user", "content": tag}]})
+    };
+    for round in 0..3 {
+        // A: decoding (a few tokens arrived).
+        let a = c
+            .post(gw.url("/v1/chat/completions"))
+            .json(&long(&format!("a{round}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(a.status(), 200);
+        let mut a = a.bytes_stream();
+        let mut seen = 0;
+        while seen < 3 {
+            use futures_util::StreamExt;
+            let chunk = a.next().await.unwrap().unwrap();
+            seen += chunk.windows(5).filter(|w| w == b"data:").count();
+        }
+        // B: queued behind A.
+        let b = {
+            let c = c.clone();
+            let url = gw.url("/v1/chat/completions");
+            let body = body(&format!("b{round}"), false);
+            tokio::spawn(async move { c.post(url).json(&body).send().await })
+        };
+        eventually("B in the queue", || async { queued(&gw).await == 1 }).await;
+        // A's client hangs up.
+        drop(a);
+        let r = b.await.unwrap().unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        gw.wait_idle().await;
+        let st = fleet[0].stats();
+        assert!(
+            st.max_running <= 1,
+            "round {round}: the engine ran {} requests at once against a limit of 1 (stats: {st:?})",
+            st.max_running
+        );
+        // A was aborted by the engine, not run to its end.
+        assert_eq!(st.requests_aborted, round + 1, "{st:?}");
+    }
+}
+
+/// The overload run of issue 27: three times as many streaming clients as slots
+/// (`total: 4`), every tenth one hanging up after its first tokens; the engine's own peak
+/// batch never exceeds the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_overload_with_clients_giving_up_the_engine_batch_stays_within_the_limit() {
+    let e = engine_sim::spawn_local(engine_sim::SimConfig {
+        id: "e1".into(),
+        model: "m".into(),
+        prefill_tps: 100_000.0,
+        time_scale: 1.0,
+        decode_step_ms: 25.0,
+        decode_per_req_ms: 0.0,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let fleet = vec![e];
+    let gw = gw(
+        "{overflow: queue, total: 4, queue_timeout: 60s}",
+        &fleet,
+        "",
+    );
+    let c = reqwest::Client::new();
+    let clients: Vec<_> = (0..12)
+        .map(|k| {
+            let c = c.clone();
+            let url = gw.url("/v1/chat/completions");
+            tokio::spawn(async move {
+                let mut gave_up = 0;
+                for i in 0..6 {
+                    let n = k * 6 + i;
+                    let body = serde_json::json!({"model": "m", "stream": true, "max_tokens": 12,
+                        "messages": [{"role": "user", "content": format!("r{n}")}]});
+                    let r = c.post(&url).json(&body).send().await.unwrap();
+                    assert_eq!(r.status(), 200);
+                    let mut s = r.bytes_stream();
+                    use futures_util::StreamExt;
+                    if n % 10 == 3 {
+                        // Gives up after its first tokens.
+                        let _ = s.next().await;
+                        gave_up += 1;
+                        continue;
+                    }
+                    while let Some(chunk) = s.next().await {
+                        chunk.unwrap();
+                    }
+                }
+                gave_up
+            })
+        })
+        .collect();
+    let mut gave_up = 0;
+    for h in clients {
+        gave_up += h.await.unwrap();
+    }
+    assert_eq!(gave_up, 7);
+    gw.wait_idle().await;
+    let st = fleet[0].stats();
+    assert!(
+        st.max_running <= 4,
+        "the engine ran {} requests at once against a limit of 4 ({st:?})",
+        st.max_running
+    );
+    assert_eq!(st.requests_finished + st.requests_aborted, 72, "{st:?}");
+}

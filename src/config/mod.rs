@@ -24,11 +24,13 @@ mod pd;
 mod policy;
 mod prefix_index;
 mod reload;
+mod response;
 mod routes;
 mod scheduler;
 mod secret;
 mod services;
 mod split;
+mod tenants;
 mod throttling;
 mod timeouts;
 mod tracing;
@@ -43,6 +45,7 @@ pub use pd::{PdMode, PdSettings};
 pub use policy::{KeySource, PluginSettings, PolicySettings, UnboundSessions};
 pub use prefix_index::{CostModelSettings, PrefixIndexSettings};
 pub use reload::ReloadSettings;
+pub use response::ResponseHeaders;
 pub use routes::{RouteBy, RouteConfig, Routing, TargetConfig};
 pub use scheduler::{
     AffinitySettings, LeastCachedSettings, PrefixSettings, SchedulerConfig,
@@ -53,6 +56,7 @@ pub use scheduler::{
 pub use secret::Secret;
 pub use services::{EngineMetricsSettings, ServiceConfig};
 pub use split::{SplitFailover, SplitProxy, SplitSettings, SplitStrategy};
+pub use tenants::{Priority, TenantConfig, TenantLimits, IMPLICIT as IMPLICIT_TENANT};
 pub use throttling::ThrottlingSettings;
 pub use timeouts::Timeouts;
 pub use tracing::{OtlpProtocol, OtlpSettings, TracingSettings};
@@ -79,6 +83,9 @@ pub struct Config {
     /// Bearer keys clients must present. Empty: the gateway is open.
     #[serde(default, serialize_with = "secret::masked_all")]
     pub api_keys: Vec<String>,
+    /// Named groups of client keys: the models each may call, its priority, its limits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantConfig>,
     /// Largest request body accepted (bytes); larger requests get 413.
     #[serde(
         default = "default_max_body",
@@ -105,6 +112,10 @@ pub struct Config {
     pub routing: Routing,
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// The routing headers (`x-tokengate-instance`, `x-tokengate-reason`) and which of the
+    /// engines' own `x-*` headers reach clients.
+    #[serde(default)]
+    pub response_headers: ResponseHeaders,
     /// The served models, each a pool of engine instances.
     #[serde(default)]
     pub services: Vec<ServiceConfig>,
@@ -193,7 +204,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigErrors> {
         let mut errs = Vec::new();
         self.validate_listeners(&mut errs);
+        tenants::validate(&self.tenants, &self.api_keys, &mut errs);
         self.timeouts.validate(&mut errs);
+        self.response_headers.validate(&mut errs);
         let names = services::validate(&self.services, self.prefix_index.block_size, &mut errs);
         self.health_check.validate(&mut errs);
         self.passive_health.validate(&mut errs);
@@ -230,6 +243,9 @@ impl Config {
         let mut w = Vec::new();
         if let Some(m) = &self.mirror {
             m.warnings(&mut w);
+        }
+        if self.split.is_none() {
+            tenants::warnings(&self.tenants, &self.services, &self.routes, &mut w);
         }
         for (ri, r) in self.routes.iter().enumerate() {
             if r.decision.is_some() && !r.uses_decision() {

@@ -1,12 +1,16 @@
 //! Phase 1, **admit**: who may send what. Local endpoints are answered here; an inference
 //! request passes the head-size limit, the method check and the API key, then its body is
 //! read (at most `max_body_bytes`, within `timeouts.client_body`) and parsed into a
-//! [`RequestInfo`]. Every refusal is an API-shaped error; nothing is sent upstream.
+//! [`RequestInfo`]. The key names the request's tenant ([`crate::tenants`]): the model must
+//! be one it may call (403 otherwise) and its limits must admit the request (429 with
+//! `Retry-After` otherwise); the admitted request holds a [`Ticket`] until it completes.
+//! Every refusal is an API-shaped error; nothing is sent upstream.
 
-use super::{reject, respond, Ctx};
+use super::{reject, reject_after, respond, Ctx};
 use crate::api::{self, Api, RequestInfo};
 use crate::error::GatewayError;
 use crate::runtime::Runtime;
+use crate::tenants::{self, Tenant, Ticket};
 use bytes::Bytes;
 use pingora::http::RequestHeader;
 use pingora::prelude::*;
@@ -25,15 +29,11 @@ pub struct Admitted {
     pub runtime: Arc<Runtime>,
     pub body: Bytes,
     pub info: RequestInfo,
+    /// Its tenant's hold on the limits (a gateway with keys).
+    pub ticket: Option<Ticket>,
 }
 
-/// Constant-time comparison of a presented key with a configured one.
-pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub use crate::tenants::ct_eq;
 
 fn header_str<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
     req.headers.get(name).and_then(|v| v.to_str().ok())
@@ -53,14 +53,14 @@ fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
         .map(|v| v.as_bytes().trim_ascii())
 }
 
-/// The API key check (when `api_keys` are set).
-fn authorize(req: &RequestHeader, rt: &Runtime) -> Result<(), GatewayError> {
-    if rt.api_keys.is_empty() {
-        return Ok(());
+/// The API key check (when `api_keys` or `tenants` are set): the key's tenant.
+fn authorize(req: &RequestHeader, rt: &Runtime) -> Result<Option<Arc<Tenant>>, GatewayError> {
+    if rt.tenants.is_empty() {
+        return Ok(None);
     }
     let presented = presented_key(req);
-    if presented.is_some_and(|k| rt.api_keys.iter().any(|c| ct_eq(k, c))) {
-        return Ok(());
+    if let Some(t) = presented.and_then(|k| rt.tenants.by_key(k)) {
+        return Ok(Some(t.clone()));
     }
     let msg = if presented.is_some() {
         "invalid API key"
@@ -68,6 +68,32 @@ fn authorize(req: &RequestHeader, rt: &Runtime) -> Result<(), GatewayError> {
         "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
     };
     Err(GatewayError::Unauthorized(msg.into()))
+}
+
+/// The body is JSON: a `Content-Type` that says so (`application/json`,
+/// `application/*+json`, any parameters), or none. Anything else is a 415: a browser's
+/// cross-site form (`text/plain`, `application/x-www-form-urlencoded`,
+/// `multipart/form-data`) posts without a CORS preflight, so a JSON API that took it would
+/// answer any web page its visitors open.
+fn json_content_type(req: &RequestHeader) -> Result<(), GatewayError> {
+    let Some(v) = req.headers.get(http::header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.split(';').next())
+        .map(|s| s.trim().to_ascii_lowercase());
+    let json = essence.as_deref().is_some_and(|m| {
+        m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+    });
+    if json {
+        return Ok(());
+    }
+    Err(GatewayError::UnsupportedMediaType(format!(
+        "Content-Type {:?} is not JSON; send the body as application/json",
+        String::from_utf8_lossy(v.as_bytes())
+    )))
 }
 
 /// Admits the request or answers it. `Ok(None)`: answered (a local endpoint or a refusal).
@@ -105,7 +131,14 @@ pub async fn admit(
         return Ok(None);
     }
     // Auth before anything is read.
-    if let Err(e) = authorize(session.req_header(), &rt) {
+    match authorize(session.req_header(), &rt) {
+        Ok(t) => ctx.tenant = t,
+        Err(e) => {
+            reject(session, ctx, e.status(), e).await?;
+            return Ok(None);
+        }
+    }
+    if let Err(e) = json_content_type(session.req_header()) {
         reject(session, ctx, e.status(), e).await?;
         return Ok(None);
     }
@@ -144,12 +177,60 @@ pub async fn admit(
             return Ok(None);
         }
     };
+    let ticket = match ctx.tenant.clone() {
+        Some(t) => match tenant_gate(&t, &rt, &info) {
+            Ok(ticket) => Some(ticket),
+            Err((reason, e, retry_after)) => {
+                ctx.tenant_refused = Some(reason);
+                reject_after(session, ctx, e.status(), e, retry_after).await?;
+                return Ok(None);
+            }
+        },
+        None => None,
+    };
     Ok(Some(Admitted {
         api,
         runtime: rt,
         body,
         info,
+        ticket,
     }))
+}
+
+/// The tenant may call the model (by the name sent, or the service or route it resolves
+/// to) and its limits admit the request: its ticket. Else the rejection's reason, error
+/// and `Retry-After`.
+#[allow(clippy::type_complexity)]
+fn tenant_gate(
+    t: &Arc<Tenant>,
+    rt: &Runtime,
+    info: &RequestInfo,
+) -> Result<Ticket, (&'static str, GatewayError, Option<Duration>)> {
+    let allowed =
+        t.allows(&info.model) || rt.resolve(&info.model).is_some_and(|d| t.allows(d.name()));
+    if !allowed {
+        return Err((
+            "model_not_allowed",
+            GatewayError::ModelNotAllowed(format!(
+                "model {:?} is not allowed for tenant {}; GET /v1/models lists its models",
+                info.model, t.name
+            )),
+            None,
+        ));
+    }
+    let output = info.max_tokens.unwrap_or(tenants::DEFAULT_OUTPUT_RESERVE);
+    tenants::admit(t, info.prompt_tokens_est, output).map_err(|r| {
+        let what = r.over.reason();
+        (
+            what,
+            GatewayError::TooManyRequests(format!(
+                "tenant {} is over its {what} limit; retry in {} ms",
+                t.name,
+                r.retry_after.as_millis()
+            )),
+            Some(r.retry_after),
+        )
+    })
 }
 
 /// `GET /v1/models`, `GET /health`, and the errors for every other path.
@@ -159,11 +240,12 @@ async fn local_endpoint(session: &mut Session, ctx: &mut Ctx, rt: &Runtime) -> R
     let method = req.method.clone();
     match (method.as_str(), path.trim_end_matches('/')) {
         ("GET", "/v1/models") => {
-            if let Err(e) = authorize(req, rt) {
-                return reject(session, ctx, e.status(), e).await.map(|_| ());
-            }
+            let tenant = match authorize(req, rt) {
+                Ok(t) => t,
+                Err(e) => return reject(session, ctx, e.status(), e).await.map(|_| ()),
+            };
             ctx.local_status = Some(200);
-            let body = serde_json::to_vec(&rt.models_json()).unwrap_or_default();
+            let body = serde_json::to_vec(&rt.models_json(tenant.as_deref())).unwrap_or_default();
             respond(session, 200, "application/json", body, &ctx.request_id).await
         }
         ("GET", "/health") => {

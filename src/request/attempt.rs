@@ -166,7 +166,9 @@ pub async fn prefill_failed(
             ctx.legs = next_legs(shared, headers, ctx, plan, n).await?;
             Ok(())
         }
-        None => Err(gw_err(f.gateway_error(prefill.as_deref().unwrap_or("-")))),
+        None => Err(gw_err(
+            f.gateway_error(prefill.as_deref().unwrap_or("-"), &ctx.request_id),
+        )),
     }
 }
 

@@ -9,7 +9,7 @@
 //! [`finish`] runs once per request, from Pingora's `logging` hook, whatever path the request
 //! took; [`attempt_failed`] ends an attempt that is retried on another instance.
 
-use super::{global, pd, Ctx, Guard, LegRole, LocalLeg, Plan, To};
+use super::{global, linger, pd, Ctx, Guard, LegRole, LocalLeg, Plan, To};
 use crate::clock::now_ms;
 use crate::load::Outcome;
 use crate::runtime::{Instance, Runtime};
@@ -138,9 +138,19 @@ fn learn(
     u: Usage,
     now: u64,
 ) {
-    // What the engine really had to prefill, when it said.
+    // How the engine's tokenizer counts against the gateway's estimate.
+    if let Some(p) = u.prompt {
+        leg.instance
+            .engine
+            .observe_prompt(p, plan.info.prompt_tokens_est);
+    }
+    // What the engine really had to prefill, when it said, in the gateway's estimated tokens
+    // (the unit the cost model predicts in).
     let uncached = match (u.prompt, u.cached) {
-        (Some(p), Some(c)) => p.saturating_sub(c),
+        (Some(p), Some(c)) => {
+            let ratio = leg.instance.engine.tokens_per_estimate().unwrap_or(1.0);
+            (p.saturating_sub(c) as f64 / ratio) as u64
+        }
         _ => leg.uncached_tokens,
     };
     if let (Some(at), Some(ttft)) = (dispatched, ctx.response.ttft) {
@@ -193,6 +203,67 @@ fn upstream_failed(e: Option<&Error>, upstream_status: Option<u16>) -> bool {
         || upstream_status.is_some_and(|s| s >= 500)
 }
 
+/// The request's tenant: its ticket settled with what the request used (the engine's
+/// counts; without them, the estimate for what evidently ran: the prompt of a dispatched
+/// request, the reserved output of an answer that started), its requests and tokens
+/// counted, or the limit that refused it.
+fn tenant_accounting(
+    shared: &Shared,
+    ctx: &Ctx,
+    ticket: Option<crate::tenants::Ticket>,
+    outcome: Outcome,
+    u: Usage,
+    served: bool,
+) {
+    let Some(t) = ctx.tenant.as_ref() else { return };
+    let m = &shared.metrics.tenants;
+    if let Some(reason) = ctx.tenant_refused {
+        m.rejections.with_label_values(&[&t.name, reason]).inc();
+        return;
+    }
+    let (Some(plan), Some(ticket)) = (ctx.plan.as_ref(), ticket) else {
+        return;
+    };
+    let (_, reserved_out) = ticket.reserved();
+    let started = ctx.response.first_token || (served && outcome == Outcome::Completed);
+    let input = u.prompt.unwrap_or(if served {
+        plan.info.prompt_tokens_est
+    } else {
+        0
+    });
+    let output = u
+        .completion
+        .unwrap_or(if started { reserved_out } else { 0 });
+    ticket.settle(input, output);
+    let model = plan.dest.name();
+    m.requests.with_label_values(&[&t.name, model]).inc();
+    m.tokens
+        .with_label_values(&[&t.name, model, "input"])
+        .inc_by(input);
+    m.tokens
+        .with_label_values(&[&t.name, model, "output"])
+        .inc_by(output);
+}
+
+/// How the answer ended, the `outcome` of `tokengate_requests_total` and the access line:
+/// `complete` (whatever its status), `truncated` (the status was sent, then the answer broke
+/// off: an engine that died mid-stream, `timeouts.total`), `client_left` (the client hung up
+/// before the end), `left_queue` (it hung up while queued for a throttling slot),
+/// `no_response` (the connection ended with nothing sent, not by the client).
+fn ended_as(ctx: &Ctx, e: Option<&Error>, status: u16, client_left: bool) -> &'static str {
+    if ctx.left_queue {
+        "left_queue"
+    } else if client_left {
+        "client_left"
+    } else if status == 0 {
+        "no_response"
+    } else if e.is_none() || ctx.local_status.is_some() {
+        "complete"
+    } else {
+        "truncated"
+    }
+}
+
 /// `logging`: completes the request. Runs exactly once per request (for a request whose
 /// body went to a subrequest, in the subrequest).
 pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
@@ -228,7 +299,18 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         _ => None,
     });
     let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
-    let mut model: &str = ctx.plan.as_ref().map_or("-", |p| p.dest.name());
+    // The tenant's ticket first: once the load table shows the request gone, so does
+    // its tenant.
+    let ticket = ctx.plan.as_mut().and_then(|p| p.ticket.take());
+    let served = legs
+        .iter()
+        .any(|l| l.role == LegRole::Main && l.dispatched.is_some());
+    tenant_accounting(shared, ctx, ticket, outcome, u, served);
+    let mut model: &str = match (&ctx.plan, &ctx.refused_model) {
+        (Some(p), _) => p.dest.name(),
+        (None, Some(m)) => m,
+        (None, None) => "-",
+    };
     let mut served_by: Option<String> = None;
     // The metric's instance label: a pair's decode instance (its prefill instance is in
     // tokengate_pd_prefill_total; pairs would multiply the label values).
@@ -248,6 +330,13 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                 )
             }),
         _ => None,
+    };
+    // An answer that did not reach its end: the engine may still be running it; the main
+    // leg's load and slot are held until it lets go ([`super::linger`]).
+    let mut lingering = if outcome != Outcome::Completed && !ctx.response.ended {
+        ctx.upstream.take()
+    } else {
+        None
     };
     if let Some(plan) = ctx.plan.as_ref() {
         let now = now_ms();
@@ -368,6 +457,16 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
             match (role, l.guard) {
                 // A dispatched prefill's load is released by whoever ends it (below).
                 (LegRole::Prefill, Guard::Shared(_)) => {}
+                (LegRole::Main, g) if dispatched.is_some() && lingering.is_some() => {
+                    if let Some(held) = lingering.take() {
+                        linger::release_after(
+                            held,
+                            plan.runtime.timeouts.idle,
+                            linger::step_allowance(ctx.response.max_gap),
+                            move || g.finish(outcome),
+                        );
+                    }
+                }
                 (_, g) => g.finish(outcome),
             }
         }
@@ -390,8 +489,9 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     let instance = served_by.as_deref().unwrap_or("-");
     let code = status.to_string();
     let metric_instance = served_id.as_deref().unwrap_or(instance);
+    let ended = ended_as(ctx, e, status, client_left);
     m.requests
-        .with_label_values(&[model, metric_instance, code.as_str()])
+        .with_label_values(&[model, metric_instance, code.as_str(), ended])
         .inc();
     let dur = ctx.start.elapsed();
     if !ctx.followers.is_empty() {
@@ -496,13 +596,19 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         }
         info!(
             target: "access",
-            "{} {} {} model={} instance={} status={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
+            "{} {} {} model={} tenant={} instance={} status={} outcome={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
             req.method,
             req.uri.path(),
             if stream { "stream" } else { "unary" },
-            ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
+            ctx.plan
+                .as_ref()
+                .map(|r| r.info.model.as_str())
+                .or(ctx.refused_model.as_deref())
+                .unwrap_or("-"),
+            ctx.tenant.as_ref().map_or("-", |t| t.name.as_str()),
             instance,
             status,
+            ended,
             ctx.response
                 .ttft
                 .map_or("-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),

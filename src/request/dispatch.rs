@@ -172,10 +172,15 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                 let e = r.endpoint.clone();
                 ctx.attempt.tried_remote.push(e.name.clone());
                 let Some(addr) = e.addr() else {
-                    return Err(gw_err(GatewayError::Unavailable(format!(
-                        "{} ({}) does not resolve",
+                    warn!(
+                        "request {}: {} ({}) does not resolve",
+                        plan.request_id,
                         e.name,
                         e.origin()
+                    );
+                    return Err(gw_err(GatewayError::Unavailable(format!(
+                        "{} does not resolve",
+                        e.name
                     ))));
                 };
                 if let (Some(_), Some(m)) = (&r.entry, &r.model) {
@@ -269,7 +274,7 @@ pub async fn retry_on_status(resp: &ResponseHeader, ctx: &mut Ctx) -> Result<()>
                 e.set_retry(true);
                 return Err(e.into_up());
             }
-            return Err(gw_err(f.gateway_error(&prefill)));
+            return Err(gw_err(f.gateway_error(&prefill, &ctx.request_id)));
         }
     }
     if ctx.local_status.is_none() {
@@ -476,10 +481,29 @@ pub fn response_header(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
             resp.insert_header("transfer-encoding", "chunked")?;
         }
     }
-    if let Some(l) = ctx.main_leg() {
+    let shown = ctx.plan.as_ref().map(|p| &p.runtime.response_headers);
+    if let Some(shown) = shown {
+        // The engine's own x-* headers reach the client only when configured.
+        let hidden: Vec<http::HeaderName> = resp
+            .headers
+            .keys()
+            .filter(|n| !shown.passes(n.as_str()))
+            .cloned()
+            .collect();
+        for n in &hidden {
+            resp.remove_header(n);
+        }
+    }
+    let routing = shown.is_none_or(|s| s.routing);
+    if let (true, Some(l)) = (routing, ctx.main_leg()) {
         resp.insert_header("x-tokengate-instance", l.id_header())?;
     }
-    if !ctx.reason.is_empty() {
+    if let Some(t) = ctx.tenant.as_deref() {
+        for (k, v) in crate::tenants::headers(t) {
+            resp.insert_header(k, v)?;
+        }
+    }
+    if routing && !ctx.reason.is_empty() {
         // Static reasons are shared, not copied.
         let reason = match &ctx.reason {
             std::borrow::Cow::Borrowed(r) => {
@@ -526,9 +550,22 @@ pub fn response_body(
         // not come.
         if let Some(a) = ctx.pd.as_ref() {
             if let Some(f) = a.side.failure() {
-                return Err(gw_err(f.gateway_error(&a.prefill.id)));
+                return Err(gw_err(f.gateway_error(&a.prefill.id, &ctx.request_id)));
             }
         }
+    }
+    if body.as_ref().is_some_and(|b| !b.is_empty()) && ctx.upstream.is_some() {
+        // The gaps between chunks: about one engine step ([`super::linger`]).
+        let now = Instant::now();
+        if let Some(prev) = ctx.response.last_chunk.replace(now) {
+            let gap = now.saturating_duration_since(prev);
+            if ctx.response.max_gap.is_none_or(|g| gap > g) {
+                ctx.response.max_gap = Some(gap);
+            }
+        }
+    }
+    if end_of_stream {
+        ctx.response.ended = true;
     }
     if let Some(b) = body.as_ref() {
         if let Some(sse) = ctx.response.sse.as_mut() {

@@ -22,6 +22,7 @@ pub mod attempt;
 pub mod complete;
 pub mod dispatch;
 pub mod global;
+pub mod linger;
 pub mod pd;
 pub mod plan;
 pub mod slot;
@@ -64,6 +65,8 @@ pub struct Plan {
     pub forward_auth: bool,
     /// The request came from another region's gateway: it is never forwarded again.
     pub hop: bool,
+    /// Its hold on its tenant's limits, settled when the request completes.
+    pub ticket: Option<crate::tenants::Ticket>,
 }
 
 /// A decision-service call of a plan (for its trace span).
@@ -259,6 +262,12 @@ pub struct ResponseState {
     /// The current attempt ended with this retryable engine status (see
     /// `dispatch::on_response_header`); the next attempt releases it.
     pub retry_status: Option<u16>,
+    /// The upstream's answer reached its end.
+    pub ended: bool,
+    /// When the last chunk of the answer arrived, and the longest gap between two chunks
+    /// (about an engine step: [`linger`]).
+    pub last_chunk: Option<Instant>,
+    pub max_gap: Option<Duration>,
 }
 
 /// Per-request context (Pingora's CTX).
@@ -286,9 +295,20 @@ pub struct Ctx {
     pub local_status: Option<u16>,
     pub local_error: Option<String>,
     pub deadline_hit: bool,
+    /// The client left while queued for a throttling slot.
+    pub left_queue: bool,
+    /// The model label of a planned request refused before it had legs (throttling), whose
+    /// plan is not kept.
+    pub refused_model: Option<String>,
+    /// The current attempt's upstream socket, held until the engine lets go ([`linger`]).
+    pub upstream: Option<linger::Held>,
     /// Features following the request from its plan to its end ([`crate::hook`]: the
     /// traffic mirror's log line).
     pub followers: Vec<Box<dyn crate::hook::Follower>>,
+    /// The tenant of the client's key ([`crate::tenants`]), and the limit that refused
+    /// the request (a `tokengate_tenant_rejections_total` reason).
+    pub tenant: Option<Arc<crate::tenants::Tenant>>,
+    pub tenant_refused: Option<&'static str>,
     /// The request's spans (`tracing:` configured, [`crate::otel`]); `None`: not traced.
     pub trace: Option<Box<crate::otel::Trace>>,
 }
@@ -311,7 +331,12 @@ impl Ctx {
             local_status: None,
             local_error: None,
             deadline_hit: false,
+            left_queue: false,
+            refused_model: None,
+            upstream: None,
             followers: Vec::new(),
+            tenant: None,
+            tenant_refused: None,
             trace: None,
         }
     }
@@ -399,21 +424,29 @@ pub async fn respond(
     body: Vec<u8>,
     request_id: &str,
 ) -> Result<()> {
-    respond_with(session, status, content_type, body, request_id, None).await
+    respond_with(session, status, content_type, body, request_id, None, None).await
 }
 
-async fn respond_with(
+/// Writes a complete local response; with the tenant's `x-ratelimit-*` headers when it
+/// has per-minute limits.
+pub async fn respond_with(
     session: &mut Session,
     status: u16,
     content_type: &str,
     body: Vec<u8>,
     request_id: &str,
     retry_after: Option<Duration>,
+    tenant: Option<&crate::tenants::Tenant>,
 ) -> Result<()> {
     let mut h = ResponseHeader::build(status, Some(5))?;
     if let Some(r) = retry_after {
         let secs = r.as_secs() + u64::from(r.subsec_nanos() > 0);
         h.insert_header("retry-after", secs.max(1).to_string())?;
+    }
+    if let Some(t) = tenant {
+        for (k, v) in crate::tenants::headers(t) {
+            h.insert_header(k, v)?;
+        }
     }
     h.insert_header("content-type", content_type)?;
     h.insert_header("content-length", body.len().to_string())?;
@@ -461,6 +494,7 @@ pub async fn reject_after(
         e.body(ctx.anthropic()),
         &ctx.request_id,
         retry_after,
+        ctx.tenant.as_deref(),
     )
     .await?;
     Ok(true)

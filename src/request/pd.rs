@@ -73,12 +73,31 @@ impl Failure {
     }
 
     /// The error the client gets when no retry is left (or the request is bad).
-    pub fn gateway_error(&self, prefill: &str) -> GatewayError {
-        let msg = format!("prefill instance {prefill} failed: {}", self.message);
+    /// A bad request says the engine's message; any other failure says what failed and
+    /// leaves the detail (addresses, OS errors) to the log line, with the request id.
+    pub fn gateway_error(&self, prefill: &str, request_id: &str) -> GatewayError {
+        if self
+            .status
+            .is_some_and(|s| (400..500).contains(&s) && !self.retryable())
+        {
+            return GatewayError::BadRequest(format!(
+                "prefill instance {prefill} failed: {}",
+                self.message
+            ));
+        }
+        log::warn!(
+            "request {request_id}: prefill instance {prefill} failed: {}",
+            self.message
+        );
+        let msg = match self.status {
+            Some(s) => format!(
+                "prefill instance {prefill} answered {s} (request id {request_id}: details in the gateway's log)"
+            ),
+            None => format!(
+                "prefill instance {prefill} failed (request id {request_id}: details in the gateway's log)"
+            ),
+        };
         match self.status {
-            Some(s) if (400..500).contains(&s) && !self.retryable() => {
-                GatewayError::BadRequest(msg)
-            }
             Some(503) | Some(429) => GatewayError::Unavailable(msg),
             _ => GatewayError::BadGateway(msg),
         }
@@ -797,8 +816,8 @@ mod tests {
         assert!(f(Some(503)).retryable());
         assert!(f(Some(429)).retryable());
         assert!(!f(Some(400)).retryable());
-        assert_eq!(f(Some(400)).gateway_error("p").status(), 400);
-        assert_eq!(f(None).gateway_error("p").status(), 502);
+        assert_eq!(f(Some(400)).gateway_error("p", "id").status(), 400);
+        assert_eq!(f(None).gateway_error("p", "id").status(), 502);
         assert!(!f(Some(429)).instance_failed());
     }
 }

@@ -60,6 +60,7 @@ pub async fn plan(
         runtime: rt,
         body,
         info,
+        ticket,
     } = a;
     // The split proxy first: an external entry takes the request as it is.
     let external = rt
@@ -97,7 +98,7 @@ pub async fn plan(
     let blocks = block_hashes(info.prompt.as_bytes(), rt.block_bytes);
     let plan = Plan {
         api,
-        forward_auth: rt.api_keys.is_empty(),
+        forward_auth: rt.tenants.is_empty(),
         info: Arc::new(info),
         dest,
         decision,
@@ -108,6 +109,7 @@ pub async fn plan(
         blocks,
         strip_usage,
         hop,
+        ticket,
     };
     Ok((plan, upstream_body))
 }

@@ -3,7 +3,8 @@
 //! The plan's pipeline picks among instances with a free slot and the leg takes the slot
 //! atomically ([`super::plan::pick`]). When every available instance is at its limits (or the
 //! service pool is full), the service's `overflow` decides: `reject` refuses at once (429 with
-//! `Retry-After`), `queue` waits in the service's FIFO queue — only its head tries for a slot,
+//! `Retry-After`), `queue` waits in the service's queue (FIFO, or by tenant class and fair share:
+//! [`crate::throttle`]) — only its head tries for a slot,
 //! woken when one is released; a new request queues behind waiting ones — until it gets a
 //! slot (the pipeline then picks among the instances with a free slot, so affinity and prefix
 //! still apply), the queue is full (429), `queue_timeout` passes (503) or the client hangs up
@@ -82,14 +83,48 @@ impl Denied {
         let error = if status == 429 {
             GatewayError::TooManyRequests(msg)
         } else {
-            GatewayError::Unavailable(msg)
+            GatewayError::QueueTimeout(msg)
         };
         Denied {
             error,
             status,
-            retry_after: (status == 429).then_some(st.retry_after),
+            // Every refusal is a "come back later", the queue's timeout too.
+            retry_after: Some(st.retry_after),
             overflow,
         }
+    }
+}
+
+/// The classes' names, by [`crate::throttle::Place::class`].
+const CLASSES: [&str; 3] = ["interactive", "default", "batch"];
+
+/// The header a request may lower its class with (never above its tenant's).
+pub const PRIORITY_HEADER: &str = "x-tokengate-priority";
+
+/// The request's place in a queue: its tenant's class, or the lower one it asks for with
+/// [`PRIORITY_HEADER`]; its tenant as the flow; its estimated tokens as the cost.
+fn place(plan: &Plan, headers: &http::HeaderMap) -> crate::throttle::Place {
+    use crate::config::Priority;
+    let tenant = plan.ticket.as_ref().map(|t| &t.tenant);
+    let own = tenant.map_or(Priority::Default, |t| t.priority);
+    let asked = headers
+        .get(PRIORITY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| match v.trim() {
+            "interactive" => Some(Priority::Interactive),
+            "default" => Some(Priority::Default),
+            "batch" => Some(Priority::Batch),
+            _ => None,
+        });
+    let class = asked.map_or(own, |a| a.max(own));
+    let info = &plan.info;
+    crate::throttle::Place {
+        class: class as u8,
+        flow: tenant.map_or_else(String::new, |t| t.name.clone()),
+        cost: info.prompt_tokens_est
+            + info
+                .max_tokens
+                .unwrap_or(crate::tenants::DEFAULT_OUTPUT_RESERVE),
     }
 }
 
@@ -125,7 +160,8 @@ pub async fn take(
     plan: &Plan,
     tried: &[InstanceKey],
 ) -> Result<Result<Legs, Denied>> {
-    // FIFO: while requests wait for this service, a newcomer queues behind them.
+    // While requests wait for this service, a newcomer queues (behind them, or where its
+    // class and its tenant's share put it).
     let waiting = match &plan.dest {
         Dest::Service(s) => s
             .throttle
@@ -151,7 +187,13 @@ pub async fn take(
             Refusal::Limit,
         )));
     }
-    let ticket = match throttle.enqueue() {
+    let place = place(plan, asker.headers());
+    let class_wait = shared
+        .metrics
+        .tenants
+        .queue_wait
+        .with_label_values(&[CLASSES[usize::from(place.class).min(2)]]);
+    let ticket = match throttle.enqueue_at(&place) {
         Ok(t) => t,
         Err(r) => return Ok(Err(Denied::refused(shared, &throttle, &service, r))),
     };
@@ -165,6 +207,7 @@ pub async fn take(
                 Ok(leg) => {
                     wait.with_label_values(&[&service])
                         .observe(queued_at.elapsed().as_secs_f64());
+                    class_wait.observe(queued_at.elapsed().as_secs_f64());
                     return Ok(Ok(leg)); // leaving the queue wakes the next waiter
                 }
                 Err(PickError::Unavailable(e)) => return Ok(Err(Denied::unavailable(e))),
@@ -185,6 +228,7 @@ pub async fn take(
             _ = tokio::time::sleep_until(deadline) => {
                 wait.with_label_values(&[&service])
                     .observe(queued_at.elapsed().as_secs_f64());
+                class_wait.observe(queued_at.elapsed().as_secs_f64());
                 return Ok(Err(Denied::refused(
                     shared,
                     &throttle,

@@ -593,8 +593,12 @@ pub fn status_json(shared: &Shared) -> Value {
         "last": shared.status.last_reload(),
         "generation": *shared.generation.borrow(),
     });
+    let pe = |r: &str| m.protocol_errors.with_label_values(&[r]).get();
     let protocol_errors = json!({
-        "head_timeout": m.protocol_errors.with_label_values(&["head_timeout"]).get(),
+        "head_timeout": pe("head_timeout"),
+        "head_too_large": pe("head_too_large"),
+        "too_many_headers": pe("too_many_headers"),
+        "bad_request": pe("bad_request"),
     });
     json!({
         "version": env!("CARGO_PKG_VERSION"),

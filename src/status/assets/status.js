@@ -504,7 +504,8 @@ function renderConfig(d, wallOffset) {
   const r = d.reload;
   const st = document.getElementById("config-state");
   const facts = [["generation", String(r.generation)], ["reloads applied", fmtInt(r.ok)], ["reloads rejected", fmtInt(r.errors)],
-    ["slow heads closed (408)", fmtInt(d.protocol_errors.head_timeout)]];
+    ["slow heads closed (408)", fmtInt(d.protocol_errors.head_timeout)],
+    ["heads refused (400/431)", fmtInt((d.protocol_errors.head_too_large || 0) + (d.protocol_errors.too_many_headers || 0) + (d.protocol_errors.bad_request || 0))]];
   if (r.last) {
     facts.push(["last reload", `${r.last.ok ? "applied" : "rejected"} at ${clock(r.last.at_ms + wallOffset)} (${fmtAgo(d.now_ms - r.last.at_ms)})`]);
   } else {
