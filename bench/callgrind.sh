@@ -13,7 +13,10 @@
 # lookup, the model check, the limits and their headers, and the tenant's accounting.
 # TENANTS=2: the same with only `concurrency` (no per-minute limit: no x-ratelimit headers).
 #
-# Usage: [SCHED=balance] [TENANTS=0] [N=1000] [WARM=200] bench/callgrind.sh [BIN ...]   (default: target/dist/tokengate)
+# Usage: [SCHED=balance] [TENANTS=0] [N=1000] [WARM=200] [TRACING=RATIO] [SIM_BIN=BIN] bench/callgrind.sh [BIN ...]
+#   (default: target/dist/tokengate). TRACING=1.0 adds a `tracing:` block (that sample ratio)
+#   exporting to a local OTLP/HTTP sink that answers 200 and drops the spans. SIM_BIN: the
+#   binary that runs engine-sim (default: the first BIN; a --no-default-features build has none).
 # Needs valgrind (apt-get install valgrind). Prints one line per binary; with OUT=FILE appends
 # a markdown table row per binary to FILE; with KEEP=DIR keeps the dumps there (read them with
 # `callgrind_annotate --inclusive=yes FILE`).
@@ -26,7 +29,23 @@ SCHED=${SCHED:-balance}
 BINS=("$@")
 [ ${#BINS[@]} -gt 0 ] || BINS=(target/dist/tokengate)
 command -v valgrind >/dev/null || { echo "valgrind missing: apt-get install valgrind" >&2; exit 1; }
-SIM_BIN=${BINS[0]}
+SIM_BIN=${SIM_BIN:-${BINS[0]}}
+TRACING_YAML=""
+if [ -n "${TRACING:-}" ]; then
+  SINK_PORT=$(free_port)
+  python3 - "$SINK_PORT" <<'PY' >"$WORK/sink.log" 2>&1 &
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+PY
+  PIDS+=($!)
+  TRACING_YAML=$'tracing:\n  otlp: {endpoint: "http://127.0.0.1:'"$SINK_PORT"$'"}\n  sample_ratio: '"$TRACING"$'\n'
+fi
 
 UP_PORT=$(free_port)
 $SIM_BIN engine-sim --listen 127.0.0.1:$UP_PORT --id up --model bench-model --time-scale 1000000 \
@@ -94,6 +113,7 @@ ${TENANTS_YAML}services:
   - name: bench-model
 ${SCHED_YAML}    instances:
       - { id: up, addr: "127.0.0.1:$UP_PORT" }
+${TRACING_YAML}
 YAML
   RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.%p" \
     "$BIN" serve -c "$WORK/tg.yaml" >"$WORK/tg.out" 2>"$WORK/tg.log" &
@@ -108,7 +128,7 @@ YAML
   dump=$(ls -t "$WORK"/cg."$vpid".* | head -1)
   ir=$(grep -m1 '^summary:' "$dump" | awk '{print $2}')
   per=$(python3 -c "print(f'{$ir / $N:,.0f}')")
-  echo "$BIN sched=$SCHED tenants=$TENANTS: $per instructions per request ($ir over $N)"
+  echo "$BIN sched=$SCHED tenants=$TENANTS${TRACING:+ tracing=$TRACING}: $per instructions per request ($ir over $N)"
   if [ -n "${KEEP:-}" ]; then
     mkdir -p "$KEEP"; cp "$dump" "$KEEP/callgrind.$(basename "$BIN").$SCHED"
   fi

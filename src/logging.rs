@@ -84,8 +84,10 @@ fn access_fields(msg: &str, o: &mut serde_json::Map<String, serde_json::Value>) 
             (v, q.get(end + 1..).unwrap_or(""))
         } else {
             let (w, r) = r.split_once(' ').unwrap_or((r, ""));
+            // Ids stay strings, even one made only of decimal digits.
+            let id = matches!(k.trim(), "id" | "trace_id" | "span_id");
             let v = match w.parse::<f64>() {
-                Ok(n) if w != "-" => serde_json::json!(n),
+                Ok(n) if w != "-" && !id => serde_json::json!(n),
                 _ => w.into(),
             };
             (v, r)
@@ -101,7 +103,7 @@ mod tests {
     fn access_line_fields() {
         let mut o = serde_json::Map::new();
         super::access_fields(
-            "POST /v1/chat/completions stream model=m status=200 ttft_ms=1.5 reason=- id=x error=\"a \\\"b\\\" c\"",
+            "POST /v1/chat/completions stream model=m status=200 ttft_ms=1.5 reason=- id=x trace_id=0af7651916cd43dd8448eb211c80319c span_id=1234567890123456 error=\"a \\\"b\\\" c\"",
             &mut o,
         );
         assert_eq!(o["method"], "POST");
@@ -109,5 +111,7 @@ mod tests {
         assert_eq!(o["ttft_ms"], 1.5);
         assert_eq!(o["reason"], "-");
         assert_eq!(o["error"], "a \"b\" c");
+        assert_eq!(o["trace_id"], "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(o["span_id"], "1234567890123456");
     }
 }

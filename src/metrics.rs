@@ -576,6 +576,11 @@ impl Metrics {
         }
     }
 
+    /// The registry, for a feature that registers its own families ([`crate::otel`]).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// Prometheus text exposition of everything registered.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8192);

@@ -55,6 +55,10 @@ impl Gateway {
         let Some(admitted) = admit::admit(session, ctx, rt).await? else {
             return Ok(true);
         };
+        if let Some(o) = self.shared.otel.as_ref() {
+            let req = session.req_header();
+            ctx.trace = Some(o.start(&req.headers, ctx.start, req.uri.path()));
+        }
         // Forwarded by another region's gateway: never forwarded again.
         let hop = session
             .req_header()
@@ -65,11 +69,38 @@ impl Gateway {
             Ok(p) => p,
             Err(e) => return request::reject(session, ctx, e.status(), e).await,
         };
+        let followers = ctx.followers.len();
         self.on_planned(session.req_header(), &plan, &body, &mut ctx.followers);
+        if let Some(t) = ctx.trace.as_mut() {
+            let (operation, provider) = crate::genai_metrics::operation_of(plan.api);
+            t.planned(crate::otel::Planned {
+                operation,
+                provider,
+                model: &plan.info.model,
+                max_tokens: plan.info.max_tokens,
+                stream: plan.info.stream,
+                dest: plan.dest.name(),
+            });
+            if ctx.followers.len() > followers {
+                t.event("mirrored", Vec::new());
+            }
+            if let Some(d) = plan.decision_call.as_ref() {
+                t.decision(d.started, d.latency, d.outcome, &d.model, plan.dest.name());
+            }
+        }
+        let queued = ctx.trace.is_some().then(std::time::Instant::now);
         // Admission to an instance: a throttling slot (reject, or wait in the queue); what
         // this region cannot take may go to another region's gateway, or, with the split
         // proxy's local entry set to fail over, to an external API ([`request::attempt`]).
-        let legs = match attempt::admit(&self.shared, session, &plan).await {
+        let admitted = attempt::admit(&self.shared, session, &plan).await;
+        if let (Some(t), Some(q)) = (ctx.trace.as_mut(), queued) {
+            let denied = match &admitted {
+                Ok(Err(d)) => Some(d.status),
+                _ => None,
+            };
+            t.admitted(q.elapsed(), denied);
+        }
+        let legs = match admitted {
             Ok(Ok(legs)) => legs,
             Ok(Err(d)) => {
                 ctx.refused_model = Some(plan.dest.name().to_string());
@@ -95,6 +126,7 @@ impl Gateway {
                     legs,
                     content_type,
                     followers: std::mem::take(&mut ctx.followers),
+                    trace: ctx.trace.take(),
                 },
             )
             .await?;
@@ -140,6 +172,7 @@ impl ProxyHttp for Gateway {
             ctx.set_request_id(Some(&id));
             ctx.api = Some(h.plan.api);
             ctx.followers = h.followers;
+            ctx.trace = h.trace;
             ctx.tenant = h.plan.ticket.as_ref().map(|t| t.tenant.clone());
             ctx.plan = Some(h.plan);
             ctx.body = Some(h.body);

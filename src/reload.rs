@@ -210,6 +210,10 @@ impl Reloader {
                         "config reload: listen / admin_listen changes take effect only after a restart"
                     );
                 }
+                let tracing = cfg.tracing.as_ref().map(crate::otel::settings_key);
+                if tracing != self.shared.otel.as_ref().map(|o| o.settings_key.clone()) {
+                    warn!("config reload: tracing changes take effect only after a restart");
+                }
                 for w in cfg.warnings() {
                     warn!("config: {w}");
                 }

@@ -212,6 +212,10 @@ impl BackgroundService for Acceptor {
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(self.shared.mirror.clone().run()));
+        if let Some(o) = self.shared.otel.clone() {
+            info!("tracing: spans exported to {}", o.url);
+            tasks.push(tokio::spawn(o.run()));
+        }
         while !*shutdown.borrow() {
             if shutdown.changed().await.is_err() {
                 break;

@@ -25,6 +25,12 @@ pub struct Shared {
     /// Traffic mirroring: the sampler and the queue of copies (its settings are the
     /// runtime's, so a reload applies them).
     pub mirror: Arc<Mirror>,
+    /// OpenTelemetry traces (`tracing:`, read at start); `None`: off.
+    pub otel: Option<Arc<crate::otel::Otel>>,
+    /// Trace spans by outcome (registered with or without tracing).
+    pub trace_spans: crate::otel::SpanCounters,
+    /// The OpenTelemetry GenAI histograms (`gen_ai_*`), next to the `tokengate_*` families.
+    pub genai: crate::genai_metrics::GenAiMetrics,
 }
 
 impl Shared {
@@ -33,7 +39,18 @@ impl Shared {
         let metrics = Metrics::new();
         let rt = Runtime::build(cfg, None, &metrics)?;
         let mirror = Arc::new(Mirror::new(&metrics));
+        let trace_spans = crate::otel::SpanCounters::new(metrics.registry());
+        let otel = match cfg.tracing.as_ref() {
+            Some(t) => Some(Arc::new(
+                crate::otel::Otel::new(t, trace_spans.clone())
+                    .map_err(|e| ConfigErrors(vec![e]))?,
+            )),
+            None => None,
+        };
         Ok(Arc::new(Shared {
+            otel,
+            trace_spans,
+            genai: crate::genai_metrics::GenAiMetrics::new(metrics.registry()),
             mirror,
             runtime: ArcSwap::from_pointee(rt),
             metrics,

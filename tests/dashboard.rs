@@ -246,6 +246,7 @@ fn registered_families() -> BTreeSet<String> {
 /// Where the status page shows each metric family: a JSON pointer into `/admin/status`
 /// (`0` = the first instance / service / call).
 const PAGE: &[(&str, &str)] = &[
+    ("tokengate_trace_spans_total", "/tracing/spans/exported"),
     ("tokengate_requests_total", "/totals/requests"),
     (
         "tokengate_request_duration_seconds",

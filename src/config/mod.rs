@@ -33,6 +33,7 @@ mod split;
 mod tenants;
 mod throttling;
 mod timeouts;
+mod tracing;
 
 pub use crate::tls::TlsSettings;
 pub use decision::{DecisionSettings, ProviderConfig};
@@ -59,6 +60,7 @@ pub use split::{SplitFailover, SplitProxy, SplitSettings, SplitStrategy};
 pub use tenants::{Priority, TenantConfig, TenantLimits, IMPLICIT as IMPLICIT_TENANT};
 pub use throttling::ThrottlingSettings;
 pub use timeouts::Timeouts;
+pub use tracing::{OtlpProtocol, OtlpSettings, TracingSettings};
 
 /// Default `max_body_bytes`: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -142,6 +144,9 @@ pub struct Config {
     /// between them. Absent: every request is ours.
     #[serde(default)]
     pub split: Option<SplitSettings>,
+    /// OpenTelemetry traces exported over OTLP. Absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingSettings>,
 }
 
 fn default_listen() -> Vec<String> {
@@ -213,6 +218,9 @@ impl Config {
         }
         if let Some(sp) = &self.split {
             sp.validate(&mut errs);
+        }
+        if let Some(t) = &self.tracing {
+            t.validate(&mut errs);
         }
         self.cost_model.validate(&mut errs);
         routes::validate(

@@ -21,6 +21,27 @@ use pingora::proxy::Session;
 use std::sync::Arc;
 use tokengate_plugins::{Completion, RequestView};
 
+/// A traced request's prefill leg: its span ends as the prefill did.
+fn trace_prefill(trace: Option<&mut crate::otel::Trace>, state: Option<pd::State>) {
+    use crate::otel::PrefillEnd;
+    let (Some(t), Some(s)) = (trace, state) else {
+        return;
+    };
+    let message;
+    t.prefill_end(match s {
+        pd::State::Done { usage, ms } => PrefillEnd::Done {
+            ms,
+            input_tokens: usage.prompt,
+        },
+        pd::State::Failed(f) => {
+            message = f.message;
+            PrefillEnd::Failed(&message)
+        }
+        pd::State::Aborted => PrefillEnd::Aborted,
+        pd::State::Running => PrefillEnd::Running,
+    });
+}
+
 /// Feeds a request's outcome to the instance's passive health.
 fn passive(inst: &Arc<Instance>, failed: bool, rt: &Runtime, now: u64) {
     inst.passive(failed, &rt.passive, now);
@@ -59,6 +80,10 @@ fn count_remote(shared: &Shared, r: &super::RemoteLeg, outcome: &str) {
 pub fn attempt_failed(shared: &Shared, ctx: &mut Ctx, plan: &Plan, retried_status: Option<u16>) {
     let now = now_ms();
     let mut pd = ctx.pd.take();
+    if ctx.trace.is_some() {
+        let state = pd.as_ref().map(|a| a.side.state());
+        trace_prefill(ctx.trace.as_deref_mut(), state);
+    }
     let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
     if let Some(a) = pd.as_mut() {
         ctx.attempt.tried.push(a.blamed());
@@ -265,6 +290,10 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     // A disaggregated pair: the prefill's own usage (its cached tokens are the prefix
     // cache's truth), and whether the decode failed because its prefill did.
     let pd = ctx.pd.take();
+    if ctx.trace.is_some() {
+        let state = pd.as_ref().map(|a| a.side.state());
+        trace_prefill(ctx.trace.as_deref_mut(), state);
+    }
     let prefill_usage = pd.as_ref().and_then(|a| match a.side.state() {
         pd::State::Done { usage, .. } => Some(usage),
         _ => None,
@@ -287,6 +316,21 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     // tokengate_pd_prefill_total; pairs would multiply the label values).
     let mut served_id: Option<String> = None;
     let mut served_service = None;
+    // The traced request's served leg: the engine's model, its address, the predicted hit.
+    let traced = match (&ctx.trace, ctx.plan.as_ref()) {
+        (Some(_), Some(plan)) => legs
+            .iter()
+            .filter(|l| l.role == LegRole::Main && l.dispatched.is_some())
+            .find_map(|l| l.local())
+            .map(|l| {
+                (
+                    l.service.served.clone(),
+                    l.instance.addr.to_string(),
+                    u64::from(l.prefix.matched) * plan.runtime.block_tokens as u64,
+                )
+            }),
+        _ => None,
+    };
     // An answer that did not reach its end: the engine may still be running it; the main
     // leg's load and slot are held until it lets go ([`super::linger`]).
     let mut lingering = if outcome != Outcome::Completed && !ctx.response.ended {
@@ -471,6 +515,25 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     if let (true, Some(t)) = (stream, ctx.response.ttft) {
         m.ttft.with_label_values(&[model]).observe(t.as_secs_f64());
     }
+    if let Some(p) = ctx.plan.as_ref() {
+        let (operation, provider) = crate::genai_metrics::operation_of(p.api);
+        shared.genai.observe(&crate::genai_metrics::Observation {
+            operation,
+            provider,
+            model,
+            error_type: if status >= 400 {
+                code.as_str()
+            } else if outcome == Outcome::Failed {
+                "error"
+            } else {
+                ""
+            },
+            ttft: ctx.response.ttft.filter(|_| stream),
+            duration: dur,
+            input_tokens: u.prompt,
+            output_tokens: u.completion,
+        });
+    }
     shared.status.record(&crate::status::recent::Finished {
         request_id: &ctx.request_id,
         model: ctx.plan.as_ref().map_or("-", |r| r.info.model.as_str()),
@@ -489,14 +552,48 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         completion_tokens: u.completion,
         cached_tokens: u.cached,
     });
+    let trace_ids = ctx.trace.take().map(|t| {
+        let ids = t.ids();
+        let error_type = if status >= 500 {
+            Some(status.to_string())
+        } else if outcome == Outcome::Failed {
+            Some(e.map_or_else(|| "error".to_string(), |e| e.etype().as_str().to_string()))
+        } else {
+            None
+        };
+        let (model, address, predicted) = match &traced {
+            Some((m, a, p)) => (Some(m.as_str()), Some(a.clone()), Some(*p)),
+            None => (None, None, None),
+        };
+        t.finish(&crate::otel::Finished {
+            status,
+            upstream_status: ctx.response.upstream_status,
+            upstream_failed: upstream_failed(e, ctx.response.upstream_status),
+            error_type,
+            response_model: model,
+            input_tokens: u.prompt,
+            output_tokens: u.completion,
+            cached_tokens: u.cached,
+            instance: served_by.as_deref(),
+            address,
+            reason: &ctx.reason,
+            predicted_tokens: predicted,
+            ttft: ctx.response.ttft,
+        });
+        ids
+    });
     // Nothing of the access line is formatted when its target is off.
     if log::log_enabled!(target: "access", log::Level::Info) {
         let req = session.req_header();
-        let err = match (e, ctx.local_error.as_deref()) {
-            (_, Some(m)) => format!(" error={m:?}"),
-            (Some(e), None) => format!(" error={:?}", e.to_string()),
-            _ => String::new(),
+        let mut err = match &trace_ids {
+            Some((t, s)) => format!(" trace_id={t} span_id={s}"),
+            None => String::new(),
         };
+        match (e, ctx.local_error.as_deref()) {
+            (_, Some(m)) => err.push_str(&format!(" error={m:?}")),
+            (Some(e), None) => err.push_str(&format!(" error={:?}", e.to_string())),
+            _ => {}
+        }
         info!(
             target: "access",
             "{} {} {} model={} tenant={} instance={} status={} outcome={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",

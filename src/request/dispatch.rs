@@ -41,6 +41,17 @@ const RETRY_STATUS: ErrorType = ErrorType::Custom("engine answered a retryable s
 fn next_after(ctx: &mut Ctx, f: Failure) -> Option<Next> {
     let next = attempt::after_failure(ctx, ctx.plan.as_ref()?, f)?;
     ctx.attempt.next = Some(next);
+    if let Some(t) = ctx.trace.as_mut() {
+        let (error, status) = match f {
+            Failure::Status(s) => ("http_status", Some(s)),
+            Failure::Connect => ("connect_error", None),
+            Failure::Reset => ("connection_reset", None),
+            Failure::Timeout => ("timeout", None),
+            Failure::Prefill => ("prefill_failed", None),
+            Failure::Other => ("upstream_error", None),
+        };
+        t.attempt_failed(error, status, next != Next::Local);
+    }
     Some(next)
 }
 
@@ -187,6 +198,18 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
     let Some(mut peer) = peer else {
         return Err(Error::explain(ErrorType::InternalError, "no leg"));
     };
+    if let Some(t) = ctx.trace.as_mut() {
+        use pingora::upstreams::peer::Peer as _;
+        let main = ctx.legs.iter().find(|l| l.role == LegRole::Main);
+        t.attempt_start(&crate::otel::AttemptInfo {
+            instance: main.map_or("-", |l| l.name()),
+            address: Some(peer.address().to_string()),
+            reason: main.map_or("", |l| l.reason.as_ref()),
+            predicted_tokens: main
+                .and_then(|l| l.local())
+                .map(|l| u64::from(l.prefix.matched) * plan.runtime.block_tokens as u64),
+        });
+    }
     let t = &plan.runtime.timeouts;
     peer.options.connection_timeout = Some(t.connect);
     peer.options.total_connection_timeout = Some(t.connect);
@@ -343,6 +366,14 @@ pub fn upstream_request(up: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
     if let Some(id) = ctx.request_id_header.clone() {
         up.insert_header("x-request-id", id)?;
     }
+    if let Some(t) = ctx.trace.as_ref() {
+        // The client's own trace headers are replaced by the gateway's span context.
+        up.remove_header("traceparent");
+        up.remove_header("tracestate");
+        for (name, value) in t.outgoing() {
+            up.insert_header(name, value)?;
+        }
+    }
     if let Some(plan) = ctx.plan.as_ref() {
         let local = ctx.main_leg().and_then(|l| l.local());
         if let Some(auth) = local.and_then(|l| l.instance.auth.clone()) {
@@ -495,7 +526,11 @@ fn first_token(ctx: &mut Ctx) {
     if std::mem::replace(&mut ctx.response.first_token, true) {
         return;
     }
-    ctx.response.ttft = Some(ctx.start.elapsed());
+    let ttft = ctx.start.elapsed();
+    ctx.response.ttft = Some(ttft);
+    if let Some(t) = ctx.trace.as_mut() {
+        t.first_token(ttft);
+    }
     if let Some(l) = ctx.main_leg_mut().and_then(|l| l.local_mut()) {
         l.guard.first_token();
     }

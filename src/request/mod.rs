@@ -51,6 +51,9 @@ pub struct Plan {
     pub dest: Dest,
     /// The decision service's choice of target (routes with a decision-service plugin).
     pub decision: Option<u32>,
+    /// The decision-service call, when one was made: when it started, how long it took, its
+    /// outcome's label (`target`, `timeout`, `error`, `no_target`) and the provider's model.
+    pub decision_call: Option<DecisionCall>,
     pub runtime: Arc<Runtime>,
     pub start: Instant,
     pub request_id: String,
@@ -64,6 +67,14 @@ pub struct Plan {
     pub hop: bool,
     /// Its hold on its tenant's limits, settled when the request completes.
     pub ticket: Option<crate::tenants::Ticket>,
+}
+
+/// A decision-service call of a plan (for its trace span).
+pub struct DecisionCall {
+    pub started: Instant,
+    pub latency: Duration,
+    pub outcome: &'static str,
+    pub model: String,
 }
 
 /// Which scheduler chose a leg (to tell it how the request ended).
@@ -298,6 +309,8 @@ pub struct Ctx {
     /// the request (a `tokengate_tenant_rejections_total` reason).
     pub tenant: Option<Arc<crate::tenants::Tenant>>,
     pub tenant_refused: Option<&'static str>,
+    /// The request's spans (`tracing:` configured, [`crate::otel`]); `None`: not traced.
+    pub trace: Option<Box<crate::otel::Trace>>,
 }
 
 impl Ctx {
@@ -324,6 +337,7 @@ impl Ctx {
             followers: Vec::new(),
             tenant: None,
             tenant_refused: None,
+            trace: None,
         }
     }
 
@@ -378,6 +392,8 @@ pub struct Handoff {
     pub content_type: Option<HeaderValue>,
     /// The request's followers (told by the subrequest how it ended).
     pub followers: Vec<Box<dyn crate::hook::Follower>>,
+    /// The request's spans.
+    pub trace: Option<Box<crate::otel::Trace>>,
 }
 
 /// A fresh request id: 32 hex digits, a random per-process prefix and a counter (unique,

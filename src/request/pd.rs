@@ -371,7 +371,14 @@ pub async fn dispatch(
         .path_and_query()
         .map_or("/v1/chat/completions", |p| p.as_str())
         .to_string();
-    let headers = prefill_headers(session, ctx, plan, &prefill);
+    let mut headers = prefill_headers(session, ctx, plan, &prefill);
+    if let Some(t) = ctx.trace.as_mut() {
+        for (k, v) in t.prefill_start(&prefill.id, &prefill.addr.to_string()) {
+            if let Ok(v) = http::HeaderValue::from_str(&v) {
+                headers.insert(k, v);
+            }
+        }
+    }
     let t = &plan.runtime.timeouts;
     let http = match ctx.main_leg().and_then(|l| l.local()) {
         Some(l) => l.service.http.clone(),

@@ -91,9 +91,9 @@ pub async fn plan(
             strip_usage = true;
         }
     }
-    let decision = match &dest {
+    let (decision, decision_call) = match &dest {
         Dest::Route(r) if r.asks_decision() => ask_decision_service(shared, r, &info).await,
-        _ => None,
+        _ => (None, None),
     };
     let blocks = block_hashes(info.prompt.as_bytes(), rt.block_bytes);
     let plan = Plan {
@@ -102,6 +102,7 @@ pub async fn plan(
         info: Arc::new(info),
         dest,
         decision,
+        decision_call,
         runtime: rt,
         start,
         request_id: request_id.to_string(),
@@ -432,9 +433,16 @@ impl Ask<'_> {
 
 /// Asks the route's decision service which target fits. Never fails the request: a timeout,
 /// an error or an answer naming no target abstains.
-async fn ask_decision_service(shared: &Shared, r: &Route, info: &RequestInfo) -> Option<u32> {
-    let (provider, spec) = r.decision.as_ref()?;
+async fn ask_decision_service(
+    shared: &Shared,
+    r: &Route,
+    info: &RequestInfo,
+) -> (Option<u32>, Option<super::DecisionCall>) {
+    let Some((provider, spec)) = r.decision.as_ref() else {
+        return (None, None);
+    };
     let text = crate::decision::request_text(&info.prompt);
+    let started = Instant::now();
     let (outcome, latency) = shared.decision.decide(provider, spec, text).await;
     let m = &shared.metrics;
     m.decision_total
@@ -450,7 +458,13 @@ async fn ask_decision_service(shared: &Shared, r: &Route, info: &RequestInfo) ->
         r.name,
         latency.as_secs_f64() * 1e3
     );
-    outcome.target().map(|t| t as u32)
+    let call = super::DecisionCall {
+        started,
+        latency,
+        outcome: outcome.label(),
+        model: provider.model.clone(),
+    };
+    (outcome.target().map(|t| t as u32), Some(call))
 }
 
 /// Sets `stream_options.include_usage: true` in a body that already has `stream_options`.

@@ -621,6 +621,11 @@ pub fn status_json(shared: &Shared) -> Value {
         "global": global,
         "split": split,
         "mirror": mirror,
+        // OpenTelemetry traces: the collector's URL (null: tracing off) and spans by outcome.
+        "tracing": {
+            "endpoint": shared.otel.as_ref().map(|o| o.url.clone()),
+            "spans": shared.trace_spans.view(),
+        },
         "reload": reload,
         "protocol_errors": protocol_errors,
         "recent": recent,

@@ -246,6 +246,7 @@ function render(d) {
   renderGlobal(d.global);
   renderSplit(d.split);
   renderMirror(d.mirror);
+  renderTracing(d.tracing);
   renderConfig(d, wallOffset);
 }
 
@@ -446,6 +447,23 @@ function renderMirror(mi) {
   const kids = [];
   for (const [field, k, v, warn] of facts) kids.push(h("dt", {}, k), h("dd", { "data-field": field, class: warn ? "warn" : null }, v));
   document.getElementById("mirror").replaceChildren(...kids);
+}
+
+// OpenTelemetry traces: where the spans go and what became of them. Shown while configured.
+function renderTracing(t) {
+  const card = document.getElementById("tracing-card");
+  card.hidden = !t || !t.endpoint;
+  if (card.hidden) return;
+  document.getElementById("tracing-name").textContent = `OTLP → ${t.endpoint}`;
+  const s = t.spans;
+  const facts = [
+    ["exported", "spans exported", fmtInt(s.exported), false],
+    ["dropped", "spans dropped", `${fmtInt(s.dropped_queue_full)} queue full · ${fmtInt(s.dropped_export_failed)} export failed`,
+      s.dropped_queue_full + s.dropped_export_failed > 0],
+  ];
+  const kids = [];
+  for (const [field, k, v, warn] of facts) kids.push(h("dt", {}, k), h("dd", { "data-field": field, class: warn ? "warn" : null }, v));
+  document.getElementById("tracing").replaceChildren(...kids);
 }
 
 function ratio(name, v, color, title) {

@@ -1,0 +1,672 @@
+//! OpenTelemetry traces (`tracing:` in the config): one server span per request, a client
+//! span per upstream attempt, exported over OTLP/HTTP in the background.
+//!
+//! * **Off** (no `tracing:`): [`crate::shared::Shared::otel`] is `None`, a request's
+//!   [`crate::request::Ctx::trace`] stays `None`; no span object is ever created.
+//! * **Spans**: the request's span (kind server) is started once the request is admitted
+//!   (its body parsed: a probe or a refused key makes none), at the request's arrival time,
+//!   and named `{gen_ai.operation.name} {gen_ai.request.model}` once planned; it carries the
+//!   GenAI semantic-convention attributes and tokengate's own (`tokengate.*`: service,
+//!   instance, reason, predicted and engine prefix hits, queue wait), and events (first
+//!   token, retry, failover, throttled, mirrored). Each upstream attempt is a child span
+//!   (kind client) named `upstream {instance}`, and so is a route's decision-service call
+//!   (`chat {decision model}`).
+//! * **Propagation** (W3C trace context): a client's `traceparent` / `tracestate` make the
+//!   request's span a child of the client's; the upstream request carries a `traceparent`
+//!   whose parent is the attempt's span, so an engine that traces (vLLM, SGLang) continues
+//!   the same trace. Sampling is parent-based: a client's sampled flag decides for its own
+//!   trace, `sample_ratio` for new ones.
+//! * **Export**: the SDK hands each ended, sampled span to [`QueueProcessor`], which only
+//!   `try_send`s it into a bounded queue ([`QUEUE_CAPACITY`]); a full queue drops the span
+//!   (counted). [`Otel::run`] (a background task) batches the queue (up to [`MAX_BATCH`]
+//!   spans or every [`FLUSH_EVERY`]) and posts each batch with the OTLP exporter, bounded
+//!   by `tracing.otlp.timeout`; a failed export drops its batch (counted). Nothing on the
+//!   request path waits for the collector.
+//!
+//! Metrics: `tokengate_trace_spans_total{outcome="exported"|"dropped_queue_full"|"dropped_export_failed"}`.
+
+use crate::config::TracingSettings;
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{
+    SpanContext, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    Sampler, SdkTracer, SdkTracerProvider, Span, SpanData, SpanExporter as _, SpanProcessor,
+};
+use opentelemetry_sdk::Resource;
+use parking_lot::Mutex;
+use prometheus::{IntCounter, IntCounterVec, Opts};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::mpsc;
+
+/// Ended spans waiting for export; beyond this they are dropped (counted).
+pub const QUEUE_CAPACITY: usize = 4096;
+/// Spans per export request.
+pub const MAX_BATCH: usize = 512;
+/// A partial batch is sent after this long.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
+
+/// `tokengate_trace_spans_total{outcome}`, registered whether tracing is configured or not
+/// (the dashboard and the status page show it), resolved once.
+#[derive(Clone, Debug)]
+pub struct SpanCounters {
+    exported: IntCounter,
+    queue_full: IntCounter,
+    export_failed: IntCounter,
+}
+
+impl SpanCounters {
+    /// The family, registered in `registry` (a second registration, in tests, is ignored).
+    pub fn new(registry: &prometheus::Registry) -> SpanCounters {
+        let spans = IntCounterVec::new(
+            Opts::new(
+                "tokengate_trace_spans_total",
+                "Trace spans by outcome: exported, dropped_queue_full, dropped_export_failed",
+            ),
+            &["outcome"],
+        )
+        .expect("metric");
+        let _ = registry.register(Box::new(spans.clone()));
+        SpanCounters {
+            exported: spans.with_label_values(&["exported"]),
+            queue_full: spans.with_label_values(&["dropped_queue_full"]),
+            export_failed: spans.with_label_values(&["dropped_export_failed"]),
+        }
+    }
+
+    /// What `/admin/status` shows.
+    pub fn view(&self) -> serde_json::Value {
+        serde_json::json!({
+            "exported": self.exported.get(),
+            "dropped_queue_full": self.queue_full.get(),
+            "dropped_export_failed": self.export_failed.get(),
+        })
+    }
+}
+
+/// The SDK's span processor: ended spans into the bounded queue, never waiting.
+#[derive(Debug)]
+struct QueueProcessor {
+    tx: mpsc::Sender<SpanData>,
+    counters: SpanCounters,
+}
+
+impl SpanProcessor for QueueProcessor {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if self.tx.try_send(span).is_err() {
+            self.counters.queue_full.inc();
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// What the background sender needs (taken once by [`Otel::run`]).
+struct Sender {
+    rx: mpsc::Receiver<SpanData>,
+    exporter: opentelemetry_otlp::SpanExporter,
+}
+
+/// The tracer of a process with `tracing:` configured.
+pub struct Otel {
+    tracer: SdkTracer,
+    /// Kept for the tracer's lifetime (the tracer holds a weak reference).
+    _provider: SdkTracerProvider,
+    sender: Mutex<Option<Sender>>,
+    counters: SpanCounters,
+    /// Where the spans go (for the start-up log line).
+    pub url: String,
+    /// The settings it was built from ([`settings_key`]): a reload that changes them warns.
+    pub settings_key: String,
+}
+
+/// Tracing settings as one comparable string (header values masked, as printed).
+pub fn settings_key(s: &TracingSettings) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+impl Otel {
+    /// The tracer of validated settings, counting its spans in `counters`.
+    pub fn new(s: &TracingSettings, counters: SpanCounters) -> Result<Otel, String> {
+        let url = s.traces_url();
+        let client = reqwest::Client::builder()
+            .timeout(s.otlp.timeout)
+            .connect_timeout(s.otlp.timeout)
+            .build()
+            .map_err(|e| format!("tracing.otlp: {e}"))?;
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client)
+            .with_endpoint(url.clone())
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_timeout(s.otlp.timeout)
+            .with_headers(s.otlp.headers.clone().into_iter().collect())
+            .build()
+            .map_err(|e| format!("tracing.otlp.endpoint: {e}"))?;
+        let resource = Resource::builder_empty()
+            .with_service_name(s.service_name.clone())
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
+        exporter.set_resource(&resource);
+        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(QueueProcessor {
+                tx,
+                counters: counters.clone(),
+            })
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                s.sample_ratio,
+            ))))
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer("tokengate");
+        Ok(Otel {
+            tracer,
+            _provider: provider,
+            sender: Mutex::new(Some(Sender { rx, exporter })),
+            counters,
+            url,
+            settings_key: settings_key(s),
+        })
+    }
+
+    /// The background sender: batches of the queue to the collector. Runs until the
+    /// process ends (one at a time: a second call returns at once).
+    pub async fn run(self: std::sync::Arc<Self>) {
+        let Some(Sender { mut rx, exporter }) = self.sender.lock().take() else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let Some(first) = rx.recv().await else { return };
+            batch.push(first);
+            let deadline = tokio::time::Instant::now() + FLUSH_EVERY;
+            while batch.len() < MAX_BATCH {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(s)) => batch.push(s),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            let n = batch.len() as u64;
+            match exporter.export(std::mem::take(&mut batch)).await {
+                Ok(()) => self.counters.exported.inc_by(n),
+                Err(e) => {
+                    self.counters.export_failed.inc_by(n);
+                    let e = match e {
+                        OTelSdkError::InternalFailure(m) => m,
+                        other => other.to_string(),
+                    };
+                    log::debug!("tracing: {n} spans not exported to {}: {e}", self.url);
+                }
+            }
+        }
+    }
+
+    /// Starts a request's span: a child of the client's trace when its headers carry one.
+    pub fn start(&self, headers: &http::HeaderMap, arrived: Instant, path: &str) -> Box<Trace> {
+        let parent = TraceContextPropagator::new().extract(&Headers(headers));
+        let span = self
+            .tracer
+            .span_builder(format!("POST {path}"))
+            .with_kind(SpanKind::Server)
+            .with_start_time(wall_time(arrived))
+            .with_attributes([
+                KeyValue::new("http.request.method", "POST"),
+                KeyValue::new("url.path", path.to_string()),
+            ])
+            .start_with_context(&self.tracer, &parent);
+        let recording = opentelemetry::trace::Span::is_recording(&span);
+        Box::new(Trace {
+            recording,
+            tracer: self.tracer.clone(),
+            server: span,
+            attempt: None,
+            prefill: None,
+            attempts: 0,
+            operation: "chat",
+        })
+    }
+}
+
+/// The wall-clock time of a monotonic instant in the past.
+fn wall_time(at: Instant) -> SystemTime {
+    SystemTime::now()
+        .checked_sub(at.elapsed())
+        .unwrap_or_else(SystemTime::now)
+}
+
+/// A request's headers as the propagator reads them.
+struct Headers<'a>(&'a http::HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+/// The trace context headers of a span, for the upstream request.
+#[derive(Default)]
+struct Outgoing(Vec<(&'static str, String)>);
+
+impl Injector for Outgoing {
+    fn set(&mut self, key: &str, value: String) {
+        let name = match key {
+            "traceparent" => "traceparent",
+            "tracestate" => "tracestate",
+            _ => return,
+        };
+        self.0.push((name, value));
+    }
+}
+
+/// One request's spans ([`crate::request::Ctx::trace`]).
+pub struct Trace {
+    tracer: SdkTracer,
+    server: Span,
+    /// The current upstream attempt's span.
+    attempt: Option<Span>,
+    /// A disaggregated pair's prefill leg (a child of its attempt) and when it was sent.
+    prefill: Option<(Span, SystemTime)>,
+    attempts: u32,
+    operation: &'static str,
+    /// The request's span is sampled: an unsampled one gets no attribute, event or child
+    /// span (its context is still propagated, flagged not sampled).
+    recording: bool,
+}
+
+/// What a planned request is, for its span.
+pub struct Planned<'a> {
+    /// `gen_ai.operation.name`: `chat`, `text_completion`.
+    pub operation: &'static str,
+    /// `gen_ai.provider.name`: the API's shape (`openai`, `anthropic`).
+    pub provider: &'static str,
+    /// The model the client asked for.
+    pub model: &'a str,
+    pub max_tokens: Option<u64>,
+    pub stream: bool,
+    /// The service or route it resolved to.
+    pub dest: &'a str,
+}
+
+/// What an upstream attempt is, for its span.
+pub struct AttemptInfo<'a> {
+    pub instance: &'a str,
+    /// `host:port` of the upstream.
+    pub address: Option<String>,
+    pub reason: &'a str,
+    /// Prompt tokens the prefix index predicted cached there.
+    pub predicted_tokens: Option<u64>,
+}
+
+impl Trace {
+    /// The request's trace id (32 hex digits) and span id (16), for the access log.
+    pub fn ids(&self) -> (String, String) {
+        let c = opentelemetry::trace::Span::span_context(&self.server);
+        (c.trace_id().to_string(), c.span_id().to_string())
+    }
+
+    /// The request was planned: the GenAI request attributes, the span's final name.
+    pub fn planned(&mut self, p: Planned<'_>) {
+        use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
+        self.operation = p.operation;
+        let s = &mut self.server;
+        s.update_name(format!("{} {}", p.operation, p.model));
+        s.set_attribute(KeyValue::new("gen_ai.operation.name", p.operation));
+        s.set_attribute(KeyValue::new("gen_ai.provider.name", p.provider));
+        s.set_attribute(KeyValue::new("gen_ai.request.model", p.model.to_string()));
+        if let Some(m) = p.max_tokens {
+            s.set_attribute(KeyValue::new("gen_ai.request.max_tokens", m as i64));
+        }
+        s.set_attribute(KeyValue::new("tokengate.stream", p.stream));
+        s.set_attribute(KeyValue::new("tokengate.service", p.dest.to_string()));
+    }
+
+    /// Admission to an instance took `wait` (a throttling queue), or was refused with
+    /// `denied` (the answer's status).
+    pub fn admitted(&mut self, wait: Duration, denied: Option<u16>) {
+        use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
+        self.server.set_attribute(KeyValue::new(
+            "tokengate.queue_wait_ms",
+            wait.as_secs_f64() * 1e3,
+        ));
+        if let Some(status) = denied {
+            self.server.add_event(
+                "throttled",
+                vec![KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(status),
+                )],
+            );
+        }
+    }
+
+    /// An event on the request's span.
+    pub fn event(&mut self, name: &'static str, attrs: Vec<KeyValue>) {
+        use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
+        self.server.add_event(name, attrs);
+    }
+
+    /// An attribute on the request's span.
+    pub fn attr(&mut self, kv: KeyValue) {
+        use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
+        self.server.set_attribute(kv);
+    }
+
+    /// The route's decision-service call (made while planning): a child span of its own,
+    /// `chat {model}` (kind client), with its outcome.
+    pub fn decision(
+        &mut self,
+        started: Instant,
+        latency: Duration,
+        outcome: &'static str,
+        model: &str,
+        route: &str,
+    ) {
+        use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
+        let parent = Context::new().with_remote_span_context(self.server.span_context().clone());
+        let start = wall_time(started);
+        let mut span = self
+            .tracer
+            .span_builder(format!("chat {model}"))
+            .with_kind(SpanKind::Client)
+            .with_start_time(start)
+            .with_attributes([
+                KeyValue::new("gen_ai.operation.name", "chat"),
+                KeyValue::new("gen_ai.request.model", model.to_string()),
+                KeyValue::new("tokengate.decision.route", route.to_string()),
+                KeyValue::new("tokengate.decision.outcome", outcome),
+            ])
+            .start_with_context(&self.tracer, &parent);
+        if outcome == "timeout" || outcome == "error" {
+            span.set_attribute(KeyValue::new("error.type", outcome));
+            span.set_status(Status::error(outcome));
+        }
+        span.end_with_timestamp(start + latency);
+    }
+
+    /// The first token reached the gateway.
+    pub fn first_token(&mut self, ttft: Duration) {
+        use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
+        self.server.add_event(
+            "gen_ai.first_token",
+            vec![KeyValue::new("tokengate.ttft_ms", ttft.as_secs_f64() * 1e3)],
+        );
+    }
+
+    /// An upstream attempt starts: its child span.
+    pub fn attempt_start(&mut self, a: &AttemptInfo<'_>) {
+        use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return;
+        }
+        self.end_attempt(None, None);
+        self.attempts += 1;
+        let parent = Context::new().with_remote_span_context(self.server.span_context().clone());
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.operation.name", self.operation),
+            KeyValue::new("tokengate.attempt", i64::from(self.attempts)),
+            KeyValue::new("tokengate.instance", a.instance.to_string()),
+            KeyValue::new("tokengate.reason", a.reason.to_string()),
+        ];
+        if let Some(addr) = &a.address {
+            let (host, port) = addr.rsplit_once(':').unwrap_or((addr.as_str(), ""));
+            attrs.push(KeyValue::new("server.address", host.to_string()));
+            if let Ok(p) = port.parse::<i64>() {
+                attrs.push(KeyValue::new("server.port", p));
+            }
+        }
+        if let Some(p) = a.predicted_tokens {
+            attrs.push(KeyValue::new("tokengate.prefix.predicted_tokens", p as i64));
+        }
+        let span = self
+            .tracer
+            .span_builder(format!("upstream {}", a.instance))
+            .with_kind(SpanKind::Client)
+            .with_attributes(attrs)
+            .start_with_context(&self.tracer, &parent);
+        self.attempt = Some(span);
+    }
+
+    /// A disaggregated pair's prefill leg is sent: its span (a child of the attempt), and
+    /// the trace headers its request carries.
+    pub fn prefill_start(&mut self, instance: &str, address: &str) -> Vec<(&'static str, String)> {
+        use opentelemetry::trace::Span as _;
+        if !self.recording {
+            return self.outgoing();
+        }
+        self.prefill_end(PrefillEnd::Aborted);
+        let parent_sc = match &self.attempt {
+            Some(a) => a.span_context().clone(),
+            None => self.server.span_context().clone(),
+        };
+        let parent = Context::new().with_remote_span_context(parent_sc);
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.operation.name", self.operation),
+            KeyValue::new("tokengate.instance", instance.to_string()),
+            KeyValue::new("tokengate.pd.role", "prefill"),
+        ];
+        let (host, port) = address.rsplit_once(':').unwrap_or((address, ""));
+        attrs.push(KeyValue::new("server.address", host.to_string()));
+        if let Ok(p) = port.parse::<i64>() {
+            attrs.push(KeyValue::new("server.port", p));
+        }
+        let now = SystemTime::now();
+        let span = self
+            .tracer
+            .span_builder(format!("prefill {instance}"))
+            .with_kind(SpanKind::Client)
+            .with_start_time(now)
+            .with_attributes(attrs)
+            .start_with_context(&self.tracer, &parent);
+        let cx = Context::new().with_remote_span_context(span.span_context().clone());
+        let mut out = Outgoing::default();
+        TraceContextPropagator::new().inject_context(&cx, &mut out);
+        self.prefill = Some((span, now));
+        out.0
+    }
+
+    /// The prefill leg's span ends: done (after `ms`), failed, or given up on.
+    pub fn prefill_end(&mut self, end: PrefillEnd<'_>) {
+        use opentelemetry::trace::Span as _;
+        let Some((mut s, started)) = self.prefill.take() else {
+            return;
+        };
+        match end {
+            PrefillEnd::Done { ms, input_tokens } => {
+                if let Some(n) = input_tokens {
+                    s.set_attribute(KeyValue::new("gen_ai.usage.input_tokens", n as i64));
+                }
+                s.end_with_timestamp(started + Duration::from_secs_f64(ms.max(0.0) / 1e3));
+            }
+            PrefillEnd::Failed(e) => {
+                s.set_attribute(KeyValue::new("error.type", e.to_string()));
+                s.set_status(Status::error(e.to_string()));
+                s.end();
+            }
+            PrefillEnd::Aborted => {
+                s.set_attribute(KeyValue::new("tokengate.pd.aborted", true));
+                s.end();
+            }
+            PrefillEnd::Running => s.end(),
+        }
+    }
+
+    /// Ends the current attempt's span: the engine's status, or why it failed.
+    pub fn end_attempt(&mut self, status: Option<u16>, error: Option<&str>) {
+        use opentelemetry::trace::Span as _;
+        let Some(mut s) = self.attempt.take() else {
+            return;
+        };
+        if let Some(st) = status {
+            s.set_attribute(KeyValue::new("http.response.status_code", i64::from(st)));
+        }
+        if let Some(e) = error {
+            s.set_attribute(KeyValue::new("error.type", e.to_string()));
+            s.set_status(Status::error(e.to_string()));
+        }
+        s.end();
+    }
+
+    /// The current attempt failed before answering and the request goes on (`next`: a retry
+    /// on another instance, or a failover to an external API or another gateway).
+    pub fn attempt_failed(&mut self, error: &str, status: Option<u16>, failover: bool) {
+        if !self.recording {
+            return;
+        }
+        self.end_attempt(status, Some(error));
+        let n = i64::from(self.attempts);
+        self.event(
+            if failover { "failover" } else { "retry" },
+            vec![
+                KeyValue::new("tokengate.attempt", n),
+                KeyValue::new("error.type", error.to_string()),
+            ],
+        );
+    }
+
+    /// The `traceparent` (and `tracestate`) the upstream request carries: the attempt's
+    /// span as the parent (the request's span before any attempt).
+    pub fn outgoing(&self) -> Vec<(&'static str, String)> {
+        use opentelemetry::trace::Span as _;
+        let sc: &SpanContext = match &self.attempt {
+            Some(a) => a.span_context(),
+            None => self.server.span_context(),
+        };
+        let cx = Context::new().with_remote_span_context(sc.clone());
+        let mut out = Outgoing::default();
+        TraceContextPropagator::new().inject_context(&cx, &mut out);
+        out.0
+    }
+
+    /// The request ended: the last attempt and the request's span end.
+    pub fn finish(mut self: Box<Self>, end: &Finished<'_>) {
+        use opentelemetry::trace::Span as _;
+        if !self.recording {
+            self.server.end();
+            return;
+        }
+        let err = end.error_type.clone();
+        self.end_attempt(
+            end.upstream_status,
+            if end.upstream_failed {
+                err.as_deref()
+            } else {
+                None
+            },
+        );
+        let s = &mut self.server;
+        s.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(end.status),
+        ));
+        if let Some(m) = end.response_model {
+            s.set_attribute(KeyValue::new("gen_ai.response.model", m.to_string()));
+        }
+        if let Some(v) = end.input_tokens {
+            s.set_attribute(KeyValue::new("gen_ai.usage.input_tokens", v as i64));
+        }
+        if let Some(v) = end.output_tokens {
+            s.set_attribute(KeyValue::new("gen_ai.usage.output_tokens", v as i64));
+        }
+        if let Some(v) = end.cached_tokens {
+            s.set_attribute(KeyValue::new(
+                "gen_ai.usage.cache_read.input_tokens",
+                v as i64,
+            ));
+            s.set_attribute(KeyValue::new("tokengate.prefix.engine_tokens", v as i64));
+        }
+        if let Some(i) = end.instance {
+            s.set_attribute(KeyValue::new("tokengate.instance", i.to_string()));
+        }
+        if let Some(a) = end.address.as_deref() {
+            let (host, port) = a.rsplit_once(':').unwrap_or((a, ""));
+            s.set_attribute(KeyValue::new("server.address", host.to_string()));
+            if let Ok(p) = port.parse::<i64>() {
+                s.set_attribute(KeyValue::new("server.port", p));
+            }
+        }
+        if !end.reason.is_empty() {
+            s.set_attribute(KeyValue::new("tokengate.reason", end.reason.to_string()));
+        }
+        if let Some(p) = end.predicted_tokens {
+            s.set_attribute(KeyValue::new("tokengate.prefix.predicted_tokens", p as i64));
+        }
+        if let Some(t) = end.ttft {
+            s.set_attribute(KeyValue::new("tokengate.ttft_ms", t.as_secs_f64() * 1e3));
+        }
+        s.set_attribute(KeyValue::new(
+            "tokengate.attempts",
+            i64::from(self.attempts),
+        ));
+        if let Some(e) = err {
+            s.set_attribute(KeyValue::new("error.type", e.clone()));
+            s.set_status(Status::error(e));
+        }
+        s.end();
+    }
+}
+
+/// How a prefill leg ended, for its span.
+pub enum PrefillEnd<'a> {
+    Done {
+        ms: f64,
+        input_tokens: Option<u64>,
+    },
+    Failed(&'a str),
+    Aborted,
+    /// Still running when the request ended.
+    Running,
+}
+
+/// How a request ended, for its span.
+pub struct Finished<'a> {
+    pub status: u16,
+    pub upstream_status: Option<u16>,
+    /// The last attempt failed (its span gets `error.type` too).
+    pub upstream_failed: bool,
+    /// Set when the request failed: the status code or the error's kind.
+    pub error_type: Option<String>,
+    pub response_model: Option<&'a str>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub instance: Option<&'a str>,
+    pub address: Option<String>,
+    pub reason: &'a str,
+    pub predicted_tokens: Option<u64>,
+    pub ttft: Option<Duration>,
+}
