@@ -330,6 +330,10 @@ const PAGE: &[(&str, &str)] = &[
         "/services/2/throttle/queue_wait/mean_ms",
     ),
     (
+        "tokengate_queue_wait_by_class_seconds",
+        "/services/2/throttle/queue_wait/by_class/default/count",
+    ),
+    (
         "tokengate_throttle_rejections_total",
         "/services/2/throttle/rejections/queue_full",
     ),

@@ -277,8 +277,37 @@ fn throttle_json(
         "queue_wait": {
             "count": waited,
             "mean_ms": (waited > 0).then(|| wait_sum * 1e3 / waited as f64),
+            // By tenant priority class, over every throttled service (the metric has no
+            // service label).
+            "by_class": queue_wait_by_class(shared),
         },
     })
+}
+
+/// `tokengate_queue_wait_by_class_seconds` per class: `{count, mean_ms}`, every class listed.
+fn queue_wait_by_class(shared: &Shared) -> Value {
+    let mut by: BTreeMap<String, (u64, f64)> = ["interactive", "default", "batch"]
+        .into_iter()
+        .map(|c| (c.to_string(), (0, 0.0)))
+        .collect();
+    for mf in shared.metrics.tenants.queue_wait.collect() {
+        for x in mf.get_metric() {
+            if let Some(l) = x.get_label().iter().find(|l| l.name() == "class") {
+                let e = by.entry(l.value().to_string()).or_default();
+                e.0 += x.get_histogram().sample_count();
+                e.1 += x.get_histogram().sample_sum();
+            }
+        }
+    }
+    by.into_iter()
+        .map(|(c, (n, sum))| {
+            (
+                c,
+                json!({"count": n, "mean_ms": (n > 0).then(|| sum * 1e3 / n as f64)}),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// Per service, the cumulative [`PrefixCounters`].

@@ -379,7 +379,9 @@ function throttleFacts(t) {
     t.overflow === "queue" ? fact("queued", "queue", `${fmtInt(t.queued)}/${fmtInt(t.max_queue)}`, t.queued > 0 ? "busy" : null) : null,
     ...slots,
     fact("rejections", "refused", refused === 0 ? "0" : `${fmtInt(r.queue_full)} queue full · ${fmtInt(r.queue_timeout)} timed out · ${fmtInt(r.limit)} at limit`, refused > 0 ? "busy" : null),
-    t.overflow === "queue" ? fact("queue-wait", "waited", w.count ? `${fmtInt(w.count)}× · mean ${fmtMs(w.mean_ms)}` : "0") : null);
+    t.overflow === "queue" ? fact("queue-wait", "waited", w.count ? `${fmtInt(w.count)}× · mean ${fmtMs(w.mean_ms)}` : "0") : null,
+    t.overflow === "queue" && w.by_class ? fact("queue-wait-class", "by class (all services)",
+      Object.entries(w.by_class).filter(([, v]) => v.count > 0).map(([c, v]) => `${c} ${fmtInt(v.count)}× · ${fmtMs(v.mean_ms)}`).join(" · ") || "0") : null);
 }
 
 // A prefill/decode-disaggregated service: its protocol, its nodes and the prefill legs by
