@@ -182,19 +182,29 @@ fn learn(
     // (`tokengate_plugins::calibrate`).
     if let (Some(prompt), Some(cached)) = (u.prompt, u.cached) {
         leg.instance.engine.observe_cached(cached);
-        let c = tokengate_plugins::calibrate::check(
-            plan.blocks.len(),
-            leg.prefix.matched,
-            prompt,
-            cached,
-            leg.instance.engine_block_tokens(),
-        );
-        if let Some(keep) = c.trim_to {
+        if let Some(keep) = calibration(leg, plan, prompt, cached).trim_to {
             let idx = &leg.service.index;
             idx.trim(&plan.blocks, leg.instance.key, keep);
             idx.insert(&plan.blocks, leg.instance.key, now);
         }
     }
+}
+
+/// The index's match for this leg against what its engine reported
+/// ([`tokengate_plugins::calibrate::check`]).
+fn calibration(
+    leg: &LocalLeg,
+    plan: &Plan,
+    prompt: u64,
+    cached: u64,
+) -> tokengate_plugins::calibrate::Check {
+    tokengate_plugins::calibrate::check(
+        plan.blocks.len(),
+        leg.prefix.matched,
+        prompt,
+        cached,
+        leg.instance.engine_block_tokens(),
+    )
 }
 
 /// Whether the instance is to blame: an upstream-side error, or a 5xx it answered.
@@ -430,15 +440,8 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
                     c.engine_prompt.inc_by(prompt);
                     c.engine_cached.inc_by(cached);
                     // The index's prediction for the same request in the engine's units.
-                    let expected = tokengate_plugins::calibrate::check(
-                        plan.blocks.len(),
-                        l.prefix.matched,
-                        prompt,
-                        cached,
-                        l.instance.engine_block_tokens(),
-                    )
-                    .expected;
-                    c.engine_predicted.inc_by(expected);
+                    c.engine_predicted
+                        .inc_by(calibration(&l, plan, prompt, cached).expected);
                 }
                 if let Some(p) = u.prompt {
                     c.tokens_prompt.inc_by(p);
