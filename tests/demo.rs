@@ -12,6 +12,40 @@ impl Drop for Kill {
     }
 }
 
+/// `tokengate demo -c cfg` (time scale 50), running until dropped, and what it printed up to
+/// its `Ctrl-C …` line (at most 30 s).
+fn start_demo(cfg: &std::path::Path) -> (Kill, Vec<String>) {
+    let mut child = Kill(
+        Command::new(env!("CARGO_BIN_EXE_tokengate"))
+            .args(["demo", "--time-scale", "50", "-c"])
+            .arg(cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let l = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("demo output");
+        let done = l.starts_with("Ctrl-C");
+        lines.push(l);
+        if done {
+            break;
+        }
+    }
+    (child, lines)
+}
+
 /// Pulls `(url, body)` out of the printed `curl ... URL ... -d 'BODY'` commands.
 fn curls(lines: &[String]) -> Vec<(String, Option<String>)> {
     let text = lines.join("\n").replace("\\\n", " ");
@@ -55,34 +89,7 @@ async fn demo_answers_the_printed_curl_commands() {
             .join("\n")
     };
     std::fs::write(&cfg, re_port(&demo)).unwrap();
-    let mut child = Kill(
-        Command::new(env!("CARGO_BIN_EXE_tokengate"))
-            .args(["demo", "--time-scale", "50", "-c"])
-            .arg(&cfg)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let out = child.0.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let mut lines = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let l = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("demo output");
-        let done = l.starts_with("Ctrl-C");
-        lines.push(l);
-        if done {
-            break;
-        }
-    }
+    let (_child, lines) = start_demo(&cfg);
     assert_eq!(
         lines.iter().filter(|l| l.contains("engine-sim ")).count(),
         4
@@ -133,34 +140,7 @@ async fn demo_with_keys_prints_working_commands_and_reloads() {
         )
     };
     std::fs::write(&cfg, yaml("sk-demo-1", "")).unwrap();
-    let mut child = Kill(
-        Command::new(env!("CARGO_BIN_EXE_tokengate"))
-            .args(["demo", "--time-scale", "50", "-c"])
-            .arg(&cfg)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let out = child.0.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let mut lines = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let l = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("demo output");
-        let done = l.starts_with("Ctrl-C");
-        lines.push(l);
-        if done {
-            break;
-        }
-    }
+    let (_child, lines) = start_demo(&cfg);
     let text = lines.join("\n");
     assert!(text.contains("export TOKENGATE_KEY="), "{text}");
     assert!(
