@@ -420,24 +420,29 @@ async fn big_bodies_and_retries_keep_slots_exact() {
     assert_eq!(v["throttles"][0]["queued"], 0, "{v:#}");
 }
 
+/// One engine-sim `e1` serving `m` whose prefill is near-instant and whose decode steps take
+/// `step_ms` each, whatever the batch (the engine drops a disconnected request at a step).
+async fn stepping_engine(step_ms: f64) -> engine_sim::SimHandle {
+    engine_sim::spawn_local(engine_sim::SimConfig {
+        id: "e1".into(),
+        model: "m".into(),
+        prefill_tps: 100_000.0,
+        time_scale: 1.0,
+        decode_step_ms: step_ms,
+        decode_per_req_ms: 0.0,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
 /// A slot is held until the engine lets go of the request, not merely until its client left:
 /// `total: 1`, stream A decoding, B queued, A's client hangs up. The engine notices a
 /// disconnected request only at its next decode step (100 ms here, as a real engine checks
 /// between steps); B must not reach it before, so the engine never runs two at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_hanging_up_does_not_let_the_engine_exceed_the_limit() {
-    let e = engine_sim::spawn_local(engine_sim::SimConfig {
-        id: "e1".into(),
-        model: "m".into(),
-        prefill_tps: 100_000.0,
-        time_scale: 1.0,
-        decode_step_ms: 100.0,
-        decode_per_req_ms: 0.0,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let fleet = vec![e];
+    let fleet = vec![stepping_engine(100.0).await];
     let gw = gw(
         "{overflow: queue, total: 1, queue_timeout: 30s}",
         &fleet,
@@ -494,18 +499,7 @@ async fn a_client_hanging_up_does_not_let_the_engine_exceed_the_limit() {
 /// batch never exceeds the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_overload_with_clients_giving_up_the_engine_batch_stays_within_the_limit() {
-    let e = engine_sim::spawn_local(engine_sim::SimConfig {
-        id: "e1".into(),
-        model: "m".into(),
-        prefill_tps: 100_000.0,
-        time_scale: 1.0,
-        decode_step_ms: 25.0,
-        decode_per_req_ms: 0.0,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let fleet = vec![e];
+    let fleet = vec![stepping_engine(25.0).await];
     let gw = gw(
         "{overflow: queue, total: 4, queue_timeout: 60s}",
         &fleet,
