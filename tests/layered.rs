@@ -376,23 +376,26 @@ async fn by_default_a_hot_tenant_spreads_over_two_engines_and_a_cold_one_stays_o
         vec![cold_home.clone()],
         "the cold tenant stays home"
     );
-    assert_eq!(
-        hot_on.len(),
-        2,
-        "the hot tenant on two engines: {hot_on:?} {reasons:?}"
+    // Spread beyond its home, but not over every engine: the cold tenant's home takes none of
+    // it. (Whether a third home opens late in the burst depends on the prefill rates the
+    // cost model has learned by then, i.e. on the machine's timing: it did once in a CI run
+    // on a loaded 2-core machine, {"e1": 8, "e3": 2, "e4": 1}. The unit tests in
+    // plugins/src/layered.rs pin the rule itself: a second home opens when the first is
+    // saturated, and no third while the second has room.)
+    assert!(
+        (2..=3).contains(&hot_on.len()),
+        "the hot tenant on two engines (at most three): {hot_on:?} {reasons:?}"
     );
     assert!(hot_on.contains_key(&hot_home), "{hot_on:?}");
     assert!(!hot_on.contains_key(&cold_home), "{hot_on:?}");
     assert!(hot_on[&hot_home] >= 6, "{hot_on:?} {reasons:?}");
-    // One request opened the second home (the prompt was cached, but its holder's queue cost
-    // more), and every other went by the prefix.
+    // Each new home was opened by a request whose prompt was cached but whose holder's queue
+    // cost more (`prefix-spill`); every other request went by the prefix.
+    let spills = reasons.iter().filter(|r| *r == "prefix-spill").count();
+    assert!(spills >= hot_on.len() - 1, "{reasons:?}");
     assert_eq!(
-        reasons.iter().filter(|r| *r == "prefix-spill").count(),
-        1,
-        "{reasons:?}"
-    );
-    assert!(
-        reasons.iter().filter(|r| r.starts_with("prefix(")).count() == 10,
+        reasons.iter().filter(|r| r.starts_with("prefix(")).count(),
+        11 - spills,
         "{reasons:?}"
     );
     gw.wait_idle().await;
