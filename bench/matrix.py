@@ -109,8 +109,16 @@ def derive(name):
     scale = knob("SIM_TIME_SCALE", 4.0)
     req_rate = knob("REQ_RATE", 12.0)  # real requests/s
     duration = knob("DURATION", 10.0)  # real s of arrivals
+    drain = knob("DRAIN", 6.0)
     if name.startswith("cap-"):
         duration = knob("CAP_DURATION", 20.0)
+    elif ALL[name][6] == "overload":
+        # Closed-loop sessions at 1.3x capacity send few turns each (every turn waits seconds):
+        # 10 s gave ~20 requests after the warm-up, so p99 was the maximum of a handful and
+        # the drain cut off the last ones (infinite p99 for every router). Longer arrivals and
+        # a drain that lets the queues empty make the overload cells' percentiles mean something.
+        duration = knob("OVERLOAD_DURATION", 30.0)
+        drain = knob("OVERLOAD_DRAIN", 40.0)
     n_tenants, zipf = TENANTS[tenants_k]
     sys_r = SYSTEM[sys_k]
     th = THINK[think_k]
@@ -179,6 +187,7 @@ def derive(name):
         "engines": len(speeds),
         "speeds": speeds,
         "duration_s": duration,
+        "drain_s": drain,
         "session_rate": session_rate,
         "req_rate": req_rate,
         "requests_per_session": t,
@@ -206,6 +215,7 @@ def cmd_env(name):
     c = derive(name)
     print("CELL_ENGINES=%d" % c["engines"])
     print("CELL_DURATION=%s" % c["duration_s"])
+    print("CELL_DRAIN=%s" % c["drain_s"])
     print("CELL_WL_FLAGS=%s" % shell_quote(" ".join(c["wl_flags"])))
     print("CELL_SIM_FLAGS=(%s)" % " ".join(shell_quote(f) for f in c["sim_flags"]))
     print("CELL_JSON=%s" % shell_quote(json.dumps(c)))
@@ -231,12 +241,11 @@ def cmd_table():
 
 
 def cmd_estimate(cells, n_seeds, n_configs):
-    drain = knob("DRAIN", 6.0)
     total = 0.0
     for name in cells.split():
         c = derive(name)
         # arrivals + the drain's usual part + starting engines, router and the summary
-        per = c["duration_s"] + (drain if c["axes"]["load"] in ("overload", "busy") else 2.0) + 3.0 + 0.1 * c["engines"]
+        per = c["duration_s"] + (c["drain_s"] if c["axes"]["load"] in ("overload", "busy") else 2.0) + 3.0 + 0.1 * c["engines"]
         total += per * int(n_seeds) * int(n_configs)
     print(int(total))
 

@@ -25,7 +25,8 @@
 # A tokengate config is bench/matrix/<name>.yaml (else bench/tail/<name>.yaml): the
 # service's keys, not indented, or a line "# from: FILE SERVICE" that takes that service's
 # keys (all but its instances) from a config file (tg-policy: conf/policy.yaml's agents);
-# smg-<policy> runs smg with that --policy.
+# a line "# bin: PATH" runs it on that gateway binary (A/B of two builds: copy the old
+# build out of target/release first); smg-<policy> runs smg with that --policy.
 #
 # Capacity cells (not in the default CELLS; `CELLS="cap-add cap-crash"`, ~12 min):
 #   cap-add    three engines at the high load; at CAP_AT s a fourth joins (tokengate: the
@@ -39,7 +40,7 @@
 #        CELLS=few-4k-people-half-high SEEDS=1 bench/matrix.sh     one cell, one seed
 #        SCORE_ONLY=1 RUN=<name> bench/matrix.sh                   the scorecard again
 # Knobs: CELLS, SEEDS ("1 2 3"), CONFIGS, SIM_TIME_SCALE (4), REQ_RATE (12 requests/s),
-#   DURATION (10 s), WARMUP (2.5 s), DRAIN (6 s), CAP_DURATION (20 s), CAP_AT (6 s),
+#   DURATION (10 s), WARMUP (2.5 s), DRAIN (6 s), OVERLOAD_DURATION (30 s), OVERLOAD_DRAIN (40 s), CAP_DURATION (20 s), CAP_AT (6 s),
 #   CAP_DOWN (4 s), CAP_BUCKET (4 s), RUN (a name, default the date), OUT
 #   (target/bench/matrix/$RUN), GW_LOG (the gateway's RUST_LOG; its log is then kept).
 # Writes (never into bench/results): $OUT/<cell>/cell.json, $OUT/<cell>/s<seed>/<config>/
@@ -52,6 +53,7 @@ ROOT=$PWD
 
 export SIM_TIME_SCALE=${SIM_TIME_SCALE:-4} REQ_RATE=${REQ_RATE:-12} DURATION=${DURATION:-10}
 export WARMUP=${WARMUP:-2.5} DRAIN=${DRAIN:-6} CAP_DURATION=${CAP_DURATION:-20} CAP_BUCKET=${CAP_BUCKET:-4}
+export OVERLOAD_DURATION=${OVERLOAD_DURATION:-30} OVERLOAD_DRAIN=${OVERLOAD_DRAIN:-40}
 CAP_AT=${CAP_AT:-6}
 CAP_DOWN=${CAP_DOWN:-4}
 CELLS=${CELLS:-$(python3 bench/matrix.py names)}
@@ -99,7 +101,7 @@ fi
 mkdir -p "$OUT"
 { git rev-parse --short HEAD; git status --porcelain -- . ':!bench/results' | head -1; } >"$OUT/build.txt" 2>/dev/null || true
 CMD=""
-for v in CELLS SEEDS CONFIGS SIM_TIME_SCALE REQ_RATE DURATION WARMUP DRAIN CAP_DURATION CAP_AT CAP_DOWN CAP_BUCKET; do
+for v in CELLS SEEDS CONFIGS SIM_TIME_SCALE REQ_RATE DURATION WARMUP DRAIN OVERLOAD_DURATION OVERLOAD_DRAIN CAP_DURATION CAP_AT CAP_DOWN CAP_BUCKET; do
   case "${!v}" in *' '*) CMD="$CMD$v=\"${!v}\" ";; *) CMD="$CMD$v=${!v} ";; esac
 done
 printf '%sbench/matrix.sh\n' "$CMD" >"$OUT/command.txt"
@@ -180,7 +182,10 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
       else
         body=$({ grep -v '^#' "$f" || true; } | sed 's/^/    /') # tg-nokey: no key at all
       fi
-      ENGINES=$n_routed start_tokengate "$body"
+      # "# bin: PATH" runs this config on another gateway binary (an A/B of two builds).
+      local gwbin; gwbin=$(sed -n 's/^# bin: *//p' "$f" | head -1)
+      BIN=${gwbin:-$BIN} ENGINES=$n_routed start_tokengate "$body"
+      [ -z "$gwbin" ] || echo "$gwbin" >"$RUN_DIR/binary.txt"
       cp "$WORK/gw.yaml" "$RUN_DIR/gateway.yaml"
       target=$GW_URL;;
     smg)
@@ -194,8 +199,8 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
       target=$SMG_URL;;
   esac
   # shellcheck disable=SC2086 # CELL_WL_FLAGS is a list of flags
-  timeout -k 5 "$(awk -v a="$CELL_DURATION" -v b="$DRAIN" 'BEGIN { printf "%d", a + b + 60 }')" "$BIN" bench replay --model "$MODEL" \
-    --url "$target" $CELL_WL_FLAGS --seed "$seed" --duration "${CELL_DURATION}s" --drain-timeout "${DRAIN}s" \
+  timeout -k 5 "$(awk -v a="$CELL_DURATION" -v b="$CELL_DRAIN" 'BEGIN { printf "%d", a + b + 60 }')" "$BIN" bench replay --model "$MODEL" \
+    --url "$target" $CELL_WL_FLAGS --seed "$seed" --duration "${CELL_DURATION}s" --drain-timeout "${CELL_DRAIN}s" \
     --out-json "$RUN_DIR/report.json" --out-requests "$RUN_DIR/requests.jsonl" \
     >/dev/null 2>"$RUN_DIR/replay.log" &
   local replay=$!; PIDS+=($replay)
