@@ -261,12 +261,21 @@ pub fn service(
                 );
                 let escape = match a.soft_max_load_ratio {
                     Some(r) => Escape::Load(r),
-                    None => Escape::Cost(tolerance_or(
-                        a.ttft_tolerance,
-                        a.ttft_slack,
-                        DEFAULT_AFFINITY_TTFT_TOLERANCE,
-                        DEFAULT_AFFINITY_TTFT_SLACK,
-                    )),
+                    None if a.ttft_tolerance.is_some() || a.ttft_slack.is_some() => {
+                        Escape::Cost(tolerance_or(
+                            a.ttft_tolerance,
+                            a.ttft_slack,
+                            DEFAULT_AFFINITY_TTFT_TOLERANCE,
+                            DEFAULT_AFFINITY_TTFT_SLACK,
+                        ))
+                    }
+                    // The default: the prefix layer's stay-or-move comparison, for the
+                    // session's instance against every other.
+                    None => Escape::Adaptive(Adaptive {
+                        placement: DEFAULT_PREFIX_PLACEMENT,
+                        load_tolerance: DEFAULT_PREFIX_LOAD_TOLERANCE,
+                        waiting_cap: DEFAULT_PREFIX_WAITING_CAP,
+                    }),
                 };
                 fh = fh.then(AffinityStage::new(a.mode, escape, table.clone()));
                 sources = a

@@ -400,3 +400,98 @@ async fn by_default_a_hot_tenant_spreads_over_two_engines_and_a_cold_one_stays_o
     );
     gw.wait_idle().await;
 }
+
+/// New capacity is used: an engine added (by a config reload) to a busy fleet whose hot
+/// prompt is cached on the other engines takes a share of that prompt's requests while the
+/// others queue. Nothing was placed on it, so a copy there evicts no one: the move costs
+/// only the recomputation, which the holders' queues soon exceed; from then on it holds the
+/// prompt too and equal matches share by load. (While an empty cache was charged the copy
+/// like a full one it got none: 0 of 40.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_added_to_a_busy_fleet_takes_a_share_of_its_cached_prompts() {
+    // Prefill at 2,000 tokens/s: a ~300-token question costs 150 ms where the ~1,200-token
+    // system prompt is cached, the whole ~1,500 tokens 750 ms where it is not.
+    let mut fleet = Vec::new();
+    for i in 1..=3 {
+        fleet.push(
+            engine_sim::spawn_local(engine_sim::SimConfig {
+                id: format!("e{i}"),
+                model: "m".into(),
+                prefill_tps: 2000.0,
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    let yaml = |n: usize| format!("services:\n  - name: m\n{}", sim_instances(&fleet[..n]));
+    let gw = GatewayProc::start(&yaml(2));
+    let c = reqwest::Client::new();
+    let system: String = (0..600).map(|i| format!("s{i:06} ")).collect();
+    let question = |k: usize| -> String { format!("q{k:05} {}", "x".repeat(1190)) };
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // 10 clients in a closed loop, each sending `per_client` requests one after the other.
+    let run = |per_client: usize| {
+        let mut tasks = Vec::new();
+        for _ in 0..10 {
+            let (c, url, next, system) = (
+                c.clone(),
+                gw.url("/v1/chat/completions"),
+                next.clone(),
+                system.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut on = Vec::new();
+                for _ in 0..per_client {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let r = c
+                        .post(&url)
+                        .json(&chat(&system, &question(k), 1, false))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                    on.push((k, inst(&r), reason(&r)));
+                    r.bytes().await.unwrap();
+                }
+                on
+            }));
+        }
+        tasks
+    };
+    let mut before = Vec::new();
+    for t in run(3) {
+        before.extend(t.await.unwrap());
+    }
+    assert!(before.iter().all(|(_, i, _)| i != "e3"), "{before:?}");
+    // The third engine joins by a reload while the load goes on.
+    let tasks = run(8);
+    std::fs::write(gw.config_path(), yaml(3)).unwrap();
+    eventually("the reload", || async {
+        gw.metrics()
+            .await
+            .contains("tokengate_config_reloads_total{result=\"ok\"} 1")
+    })
+    .await;
+    // Requests sent from here on can see the third engine.
+    let from = next.load(std::sync::atomic::Ordering::Relaxed);
+    let mut after = Vec::new();
+    for t in tasks {
+        after.extend(t.await.unwrap());
+    }
+    after.retain(|(k, _, _)| *k >= from);
+    after.sort();
+    assert!(
+        after.len() >= 40,
+        "{} requests after the reload",
+        after.len()
+    );
+    let on_new = after.iter().filter(|(_, i, _)| i == "e3").count();
+    eprintln!("the new engine: {on_new} of {} requests", after.len());
+    assert!(
+        on_new * 6 >= after.len(),
+        "the new engine took {on_new} of the {} requests after it joined: {after:?}",
+        after.len()
+    );
+    gw.wait_idle().await;
+}

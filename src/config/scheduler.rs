@@ -77,14 +77,16 @@ pub struct AffinitySettings {
     #[serde(default = "d_session_headers")]
     pub headers: Vec<String>,
     /// Soft mode leaves the bound instance when its load > average × this (the fixed-ratio
-    /// rule). Absent: when its predicted TTFT is above the best × (1 + `ttft_tolerance`) +
-    /// `ttft_slack`.
+    /// rule). Absent, with `ttft_tolerance` or `ttft_slack` set: when its predicted TTFT is
+    /// above the best × (1 + `ttft_tolerance`) + `ttft_slack`. With none of the three: when
+    /// waiting for it costs more than moving (the stay-or-move comparison,
+    /// [`tokengate_plugins::Adaptive`], against every other instance).
     #[serde(default)]
     pub soft_max_load_ratio: Option<f64>,
-    /// See `soft_max_load_ratio` (default 0.25).
+    /// See `soft_max_load_ratio` (default 0.25 when only `ttft_slack` is set).
     #[serde(default)]
     pub ttft_tolerance: Option<f64>,
-    /// See `soft_max_load_ratio` (default 25ms).
+    /// See `soft_max_load_ratio` (default 25ms when only `ttft_tolerance` is set).
     #[serde(default, with = "humantime_serde")]
     pub ttft_slack: Option<Duration>,
     /// Binding lifetime, refreshed on use.

@@ -1,0 +1,122 @@
+//! The stay-or-move comparison ([`Adaptive`]) the prefix layer and soft affinity use by
+//! default.
+
+use super::ctx::LayerCtx;
+
+/// With cost eligibility, the prefix layer also skips an instance whose in-flight load is
+/// above the average × (1 + this) ...
+pub const COST_LOAD_CAP: f64 = 3.0;
+/// ... or that has more requests waiting for their first token than this.
+pub const COST_WAITING_CAP: u64 = 16;
+
+/// The default prefix eligibility (and soft affinity's default escape): a candidate holding
+/// `m` blocks of the prompt is kept while waiting there costs no more than moving, i.e. while
+///
+/// ```text
+///   est(h)  <=  min over j of  est(j) + placement × copy(j)
+/// ```
+///
+/// (`j` ranges over those holding less for the prefix layer, over every other candidate for
+/// a session's instance.)
+///
+/// * `est` — the predicted TTFT ([`crate::cost::CostModel`]): the queued prefill ahead of the
+///   request (ours and, with engine metrics, others') at the instance's learned rate, plus
+///   its own uncached part there, plus a decode step. On the holder the own part is small;
+///   on `j` it is the recomputation of whatever `j` lacks.
+/// * `copy(j)` — the placement term: the tokens the holder has and `j` would have to write,
+///   at `j`'s rate. A copy elsewhere evicts as much of what `j` caches (someone else's prefix,
+///   which its next turns recompute), so the move is charged for it once more, × `placement`.
+///   Zero when `j`'s cache is known to have room for the prompt beside what was placed on it,
+///   or when nothing was placed on `j` (an engine just added or back from a restart).
+///
+/// So the holder of a long prompt is waited for longer than the holder of a short one (moving
+/// a long prompt recomputes and evicts more), and a hot tenant's prefix gets a second home
+/// when its first has a queue longer than a recomputation plus a copy elsewhere — and not
+/// before; once two instances hold it they share it (equal matches go to the lower load).
+/// Nothing is a fixed count of requests: the figures are the fleet's own (learned rates,
+/// queued tokens). The caps `load_tolerance` / `waiting_cap` are safety rails only.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adaptive {
+    /// Weight of the placement term (1 = a copy evicts as much as it writes, recomputed once).
+    pub placement: f64,
+    /// Never preferred when its load > average × (1 + this).
+    pub load_tolerance: f64,
+    /// Never preferred with more requests than this waiting for their first token.
+    pub waiting_cap: u64,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Adaptive {
+            placement: 1.0,
+            load_tolerance: COST_LOAD_CAP,
+            waiting_cap: COST_WAITING_CAP,
+        }
+    }
+}
+
+/// What the adaptive comparison said about one holder ([`Adaptive`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Verdict {
+    /// The holder's predicted TTFT, ms.
+    pub(super) stay_ms: f64,
+    /// The cheapest move: its candidate, its predicted TTFT and its placement term, ms.
+    pub(super) to: Option<(usize, f64, f64)>,
+}
+
+impl Verdict {
+    pub(super) fn stays(&self) -> bool {
+        self.to
+            .is_none_or(|(_, est, copy)| self.stay_ms <= est + copy)
+    }
+}
+
+/// Which candidates a stay-or-move comparison weighs the holder against.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Others {
+    /// Those holding fewer of the prompt's blocks (the prefix layer: the longest match
+    /// among equals is its own choice).
+    HoldingLess,
+    /// Every other candidate (soft affinity: the session's instance against anywhere else).
+    All,
+}
+
+/// The adaptive comparison for candidate `i` (which holds `cx.rows[i].matched` blocks).
+pub(super) fn adaptive_verdict(
+    cx: &LayerCtx<'_, '_>,
+    a: &Adaptive,
+    i: usize,
+    any_fits: bool,
+    others: Others,
+) -> Verdict {
+    let m = cx.rows[i].matched;
+    let bt = cx.req.block_tokens.max(1) as f64;
+    let prompt = cx.req.prompt_tokens;
+    let mut to: Option<(usize, f64, f64)> = None;
+    for (j, c) in cx.cands.iter().enumerate() {
+        let mj = cx.rows[j].matched;
+        if j == i || (others == Others::HoldingLess && mj >= m) || (any_fits && !c.kv_fits(prompt))
+        {
+            continue;
+        }
+        let Some(e) = cx.est.get(j) else { continue };
+        // Room: the cache is known to hold the prompt beside what was placed there, or
+        // nothing was placed there at all (an engine just added or back from a restart: a copy
+        // into an empty cache evicts no one, whatever its size).
+        let room = c.placed_blocks == 0
+            || (c.cache_tokens > 0
+                && c.placed_blocks.saturating_mul(cx.req.block_tokens) + prompt <= c.cache_tokens);
+        let copy = if room {
+            0.0
+        } else {
+            a.placement.max(0.0) * f64::from(m.saturating_sub(mj)) * bt * 1000.0 / e.tps.max(1.0)
+        };
+        if to.is_none_or(|(_, est, cp)| e.ms + copy < est + cp) {
+            to = Some((j, e.ms, copy));
+        }
+    }
+    Verdict {
+        stay_ms: cx.est.get(i).map_or(0.0, |e| e.ms),
+        to,
+    }
+}

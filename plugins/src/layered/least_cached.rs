@@ -1,0 +1,70 @@
+//! Layer 3: least cached ([`LeastCachedStage`]).
+
+use std::borrow::Cow;
+
+use super::ctx::{kv_check, CostTolerance, Hit, LayerCtx, Stage};
+use crate::candidate::Needs;
+use crate::decision::Layer;
+
+/// Layer 3 (optional): where a request goes when no instance is preferred for its session or
+/// its cache — a new tenant's first request, a one-shot with an unseen prompt, a session whose
+/// cached instance was too busy. Among the candidates whose predicted TTFT is within the
+/// tolerance of the best, the one the gateway has placed the fewest blocks on
+/// ([`Candidate::placed_blocks`](crate::candidate::Candidate::placed_blocks): what the prefix index believes it holds, plus what a
+/// cache-size bound made the index forget — where the bound applies, every busy instance's
+/// held blocks sit at its cache size); ties: lower load, then a rotation. Whatever lands there
+/// will be cached there, so cold prompts fill the emptiest caches first and the fleet's
+/// caches hold more distinct prefixes between them, rather than whichever instance was
+/// momentarily least loaded taking a hot new tenant next to its other hot ones. Reason
+/// `least-cached`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LeastCachedStage(pub CostTolerance);
+
+impl Stage for LeastCachedStage {
+    fn name(&self) -> &'static str {
+        "least-cached"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs::PREFIX
+    }
+
+    fn uses_cost(&self) -> bool {
+        true
+    }
+
+    fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
+        let n = cx.cands.len();
+        let t = self.0;
+        if cx.req.explain {
+            cx.notes.push(format!(
+                "least-cached: eligible if est <= best*(1+{})+{}ms={:.0}ms, fewest cached blocks wins (tie: lower load)",
+                t.tolerance,
+                t.slack_ms,
+                cx.min_est * (1.0 + t.tolerance) + t.slack_ms,
+            ));
+        }
+        let prompt = cx.req.prompt_tokens;
+        let any_fits = (0..n).any(|i| cx.cost_eligible(i, &t) && cx.cands[i].kv_fits(prompt));
+        if any_fits && cx.req.explain {
+            kv_check(cx, "least-cached");
+        }
+        let start = (cx.req.turn % n as u64) as usize;
+        let mut best: Option<usize> = None;
+        for step in 0..n {
+            let i = (start + step) % n;
+            if !cx.cost_eligible(i, &t) || (any_fits && !cx.cands[i].kv_fits(prompt)) {
+                continue;
+            }
+            let key = |j: usize| (cx.cands[j].placed_blocks, cx.rows[j].load);
+            if best.is_none_or(|b| key(i) < key(b)) {
+                best = Some(i);
+            }
+        }
+        best.map(|pos| Hit {
+            pos,
+            layer: Layer::Balance,
+            reason: Cow::Borrowed("least-cached"),
+        })
+    }
+}
