@@ -303,6 +303,14 @@ def cmd_summarize(d):
         per_bucket.setdefault(inst, {}).setdefault(b, 0)
         per_bucket[inst][b] += 1
     n_buckets = 1 + max((b for v in per_bucket.values() for b in v), default=0)
+    # Per session (each counted once, whatever its number of turns): the mean TTFT of its
+    # turns after the warm-up. Sessions are closed loops, so a router that starves some
+    # sessions gets fewer of their (slow) turns into the per-request percentiles; these do not.
+    by_session = {}
+    for r in after:
+        t = r.get("ttft_ms") if r.get("error") is None else None
+        by_session.setdefault(r.get("session"), []).append(math.inf if t is None else t)
+    per_session = sorted(sum(v) / len(v) for v in by_session.values())
     summary = {
         "sent_after_warmup": len(after),
         "ok_after_warmup": len(ok),
@@ -311,6 +319,9 @@ def cmd_summarize(d):
         "p50": quantile(ttft, 50),
         "p90": quantile(ttft, 90),
         "p99": quantile(ttft, 99),
+        "sessions": len(per_session),
+        "session_mean_ttft_p50": quantile(per_session, 50),
+        "session_mean_ttft_p90": quantile(per_session, 90),
         "cached": h / q if q else None,
         "engine_prompt_tokens": q,
         "dispatch_lag_p99": (report.get("dispatch_lag_ms") or {}).get("p99"),

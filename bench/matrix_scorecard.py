@@ -9,6 +9,9 @@ the seeds of every config's TTFT p50 / p90 / p99 (requests sent after the warm-u
 or cancelled request counts as an infinite TTFT) and of the engine-reported cached ratio
 (the engines' own prefix-cache counters over the same window); then, per tokengate config,
 its medians ÷ smg cache_aware's for p50, p90, p99 and its cached ratio − smg's in points.
+Beside them, per session: the median and p90 over the sessions of each session's mean TTFT
+(sessions are closed loops: a router that starves some sessions gets fewer of their slow turns
+into the per-request percentiles; the per-session figures count every session once).
 
 Per config, one line: the cells won on all four (p50, p90 and p99 below smg's, cached ratio
 not below), the cells more than 10 % behind smg on p99, and issue 34's bar: in every cell
@@ -25,6 +28,8 @@ import sys
 
 REF = "smg-cache-aware"
 KEYS = ("p50", "p90", "p99")
+# Per session: the median and p90 over sessions of each session's mean TTFT (bench/matrix.py)
+SESSION_KEYS = ("session_mean_ttft_p50", "session_mean_ttft_p90")
 
 
 def load(out):
@@ -64,7 +69,7 @@ def median(xs):
 
 
 def medians(seeds):
-    m = {k: median([s.get(k) for s in seeds.values()]) for k in KEYS}
+    m = {k: median([s.get(k) for s in seeds.values()]) for k in KEYS + SESSION_KEYS}
     c = median([s.get("cached") for s in seeds.values()])
     m["cached"] = None if c is None else 100 * c
     m["n"] = len(seeds)
@@ -126,15 +131,16 @@ def main(out):
         print()
         print("## Every config, medians over the seeds")
         print()
-        print("| cell | config | seeds | TTFT p50 | p90 | p99 | cached % |")
-        print("|---|---|---|---|---|---|---|")
+        print("| cell | config | seeds | TTFT p50 | p90 | p99 | cached % | per session p50 | p90 |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for c, v in work.items():
             for cfg in configs:
                 if cfg not in v["runs"]:
                     continue
                 m = medians(v["runs"][cfg])
-                print("| %s | %s | %d | %s | %s | %s | %s |" % (
-                    c, cfg, m["n"], ms(m["p50"]), ms(m["p90"]), ms(m["p99"]), "-" if m["cached"] is None else "%.1f" % m["cached"]))
+                print("| %s | %s | %d | %s | %s | %s | %s | %s | %s |" % (
+                    c, cfg, m["n"], ms(m["p50"]), ms(m["p90"]), ms(m["p99"]), "-" if m["cached"] is None else "%.1f" % m["cached"],
+                    ms(m["session_mean_ttft_p50"]), ms(m["session_mean_ttft_p90"])))
         print()
         lines = []
         for cfg in configs:
