@@ -141,6 +141,22 @@ impl Instance {
         }
     }
 
+    /// An instance with a known cache size (`cache_tokens`, or its engine's metrics) that the
+    /// prefix index believes holds more loses its least recently used entries down to 95 %
+    /// of it (the margin: the tree walk runs once per 5 % of the cache that turns over, not
+    /// on every request).
+    pub fn bound_index(&self, index: &PrefixIndex, block_tokens: usize) {
+        if let Some(cap) = self.cache_blocks(block_tokens) {
+            if index.held_blocks(self.key) > cap {
+                let removed = index.evict_instance_to(self.key, cap - cap / 20);
+                log::debug!(
+                    "prefix index: {} held more than its cache ({cap} blocks): {removed} least recently used blocks forgotten",
+                    self.id
+                );
+            }
+        }
+    }
+
     /// Feeds a request's outcome to the instance's passive health (`passive_health`).
     pub fn passive(&self, failed: bool, p: &crate::config::PassiveHealthSettings, now: u64) {
         let eject_ms = p.eject_for.as_millis() as u64;

@@ -31,6 +31,9 @@ pub struct Shared {
     pub trace_spans: crate::otel::SpanCounters,
     /// The OpenTelemetry GenAI histograms (`gen_ai_*`), next to the `tokengate_*` families.
     pub genai: crate::genai_metrics::GenAiMetrics,
+    /// The replicas' shared state on Redis (`cluster:`, read at start); `None`: this
+    /// replica routes on its own.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl Shared {
@@ -47,7 +50,15 @@ impl Shared {
             )),
             None => None,
         };
+        let cluster = match cfg.cluster.as_ref() {
+            Some(c) => Some(
+                crate::cluster::Cluster::new(c, metrics.registry())
+                    .map_err(|e| ConfigErrors(vec![e]))?,
+            ),
+            None => None,
+        };
         Ok(Arc::new(Shared {
+            cluster,
             otel,
             trace_spans,
             genai: crate::genai_metrics::GenAiMetrics::new(metrics.registry()),

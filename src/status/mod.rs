@@ -633,6 +633,7 @@ pub fn status_json(shared: &Shared) -> Value {
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now,
         "uptime_ms": now.saturating_sub(shared.status.started_ms),
+        "cluster": shared.cluster.as_ref().map(|c| c.summary()),
         "interval_ms": SAMPLE_EVERY.as_millis() as u64,
         "totals": {
             "requests": requests,

@@ -189,6 +189,15 @@ function render(d) {
 
   document.getElementById("version").textContent = "v" + d.version;
   document.getElementById("uptime").textContent = fmtDuration(d.uptime_ms);
+  // Several replicas sharing state on Redis: "cluster: ok" or "cluster: degraded".
+  const cl = d.cluster;
+  document.getElementById("cluster").hidden = !cl;
+  if (cl) {
+    const el = document.getElementById("cluster-state");
+    el.textContent = cl.summary;
+    el.title = "replica " + cl.replica;
+    el.className = cl.state === "ok" ? "" : "bad-text";
+  }
 
   // KPIs
   const recentPts = hist.slice(-12); // the last minute
