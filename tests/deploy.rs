@@ -51,7 +51,11 @@ fn port(addr: &str) -> u16 {
 
 #[test]
 fn container_configs_are_valid_and_their_admin_listener_is_reachable() {
-    for rel in ["docker/tokengate.yaml", "docker/demo.yaml"] {
+    for rel in [
+        "docker/tokengate.yaml",
+        "docker/demo.yaml",
+        "docker/cluster.yaml",
+    ] {
         let c = config(&read(rel), rel);
         assert!(
             c.admin_listen.starts_with("0.0.0.0:"),
