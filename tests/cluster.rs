@@ -514,8 +514,14 @@ async fn without_cluster_nothing_is_shared() {
     assert_eq!(g.instances().await["cluster"]["state"], "off");
     let (st, _, _) = send(&reqwest::Client::new(), &g, &chat("hello", 2), Some("s")).await;
     assert_eq!(st, 200);
-    assert!(!g
-        .metrics()
-        .await
-        .contains("tokengate_cluster_redis_calls_total{"));
+    // The families are there (dashboards), all zero: no Redis call was made.
+    let m = g.metrics().await;
+    let calls: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("tokengate_cluster_redis_calls_total{"))
+        .collect();
+    assert!(!calls.is_empty());
+    assert!(calls.iter().all(|l| l.ends_with(" 0")), "{calls:?}");
+    assert_eq!(metric(&m, "tokengate_cluster_degraded"), Some(0.0));
+    assert_eq!(admin(&g, "/admin/status").await["cluster"]["state"], "off");
 }

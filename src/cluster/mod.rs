@@ -106,7 +106,10 @@ enum Op {
     },
 }
 
-struct ClusterMetrics {
+/// The cluster's metric families, registered with or without `cluster:` (zero without it, so
+/// dashboards and the status page show them either way).
+#[derive(Clone)]
+pub struct ClusterMetrics {
     /// Redis calls by operation and result.
     calls: IntCounterVec,
     /// Routing decisions made on local state because Redis was not there (by what was
@@ -122,7 +125,7 @@ struct ClusterMetrics {
 }
 
 impl ClusterMetrics {
-    fn new(r: &Registry) -> ClusterMetrics {
+    pub fn new(r: &Registry) -> ClusterMetrics {
         let calls = IntCounterVec::new(
             Opts::new(
                 "tokengate_cluster_redis_calls_total",
@@ -177,6 +180,17 @@ impl ClusterMetrics {
         ] {
             let _ = r.register(c);
         }
+        for op in OPS {
+            for result in ["ok", "error", "timeout"] {
+                calls.with_label_values(&[op, result]);
+            }
+        }
+        for what in ["session", "lease"] {
+            fallbacks.with_label_values(&[what]);
+        }
+        for kind in ["placed", "trimmed", "released"] {
+            applied.with_label_values(&[kind]);
+        }
         ClusterMetrics {
             calls,
             fallbacks,
@@ -185,6 +199,37 @@ impl ClusterMetrics {
             dropped,
             rtt,
         }
+    }
+}
+
+/// The Redis operations counted in `tokengate_cluster_redis_calls_total{op}`.
+const OPS: [&str; 5] = ["session_get", "lease", "write", "heartbeat", "members"];
+
+impl ClusterMetrics {
+    /// The counters for `/admin/status`.
+    pub fn view(&self) -> serde_json::Value {
+        let calls = |result: &str| -> u64 {
+            OPS.iter()
+                .map(|op| self.calls.with_label_values(&[op, result]).get())
+                .sum()
+        };
+        let applied = |k: &str| self.applied.with_label_values(&[k]).get();
+        let fallback = |w: &str| self.fallbacks.with_label_values(&[w]).get();
+        serde_json::json!({
+            "degraded": self.degraded.get(),
+            "redis_calls": {"ok": calls("ok"), "error": calls("error"), "timeout": calls("timeout")},
+            "rtt": {
+                "count": self.rtt.get_sample_count(),
+                "mean_ms": if self.rtt.get_sample_count() > 0 {
+                    self.rtt.get_sample_sum() * 1000.0 / self.rtt.get_sample_count() as f64
+                } else {
+                    0.0
+                },
+            },
+            "events_applied": {"placed": applied("placed"), "trimmed": applied("trimmed"), "released": applied("released")},
+            "local_fallbacks": {"session": fallback("session"), "lease": fallback("lease")},
+            "writes_dropped": self.dropped.get(),
+        })
     }
 }
 
@@ -274,7 +319,7 @@ fn default_replica() -> String {
 
 impl Cluster {
     /// The cluster client of validated settings (no connection yet: [`run`] connects).
-    pub fn new(cfg: &ClusterSettings, registry: &Registry) -> Result<Arc<Cluster>, String> {
+    pub fn new(cfg: &ClusterSettings, m: ClusterMetrics) -> Result<Arc<Cluster>, String> {
         let client = redis::Client::open(cfg.redis.url.as_str()).map_err(|e| {
             format!(
                 "cluster.redis.url: {:?} is not a valid Redis URL: {e}",
@@ -299,7 +344,7 @@ impl Cluster {
             acquire: redis::Script::new(ACQUIRE),
             heartbeat_script: redis::Script::new(HEARTBEAT),
             members_script: redis::Script::new(MEMBERS),
-            m: ClusterMetrics::new(registry),
+            m,
         }))
     }
 
