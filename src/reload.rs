@@ -263,6 +263,29 @@ impl Reloader {
                 .iter()
                 .filter(|i| crate::resolve::is_name(&i.addr))
             {
+                if i.expand {
+                    // One instance per address: the set of addresses is what counts.
+                    let stem = format!("{}/", i.id);
+                    let running: Vec<std::net::SocketAddr> = rt
+                        .services
+                        .get(&s.name)
+                        .into_iter()
+                        .flat_map(|s| s.instances.iter())
+                        .filter(|x| x.id.starts_with(&stem))
+                        .map(|x| x.addr)
+                        .collect();
+                    let mut running = running;
+                    running.sort();
+                    if let Ok(now) = crate::resolve::resolve_all(&i.addr).await {
+                        if !now.is_empty() && now != running {
+                            return Some(format!(
+                                "instance {}: {} now resolves to {now:?} (was {running:?}): one instance per address",
+                                i.id, i.addr
+                            ));
+                        }
+                    }
+                    continue;
+                }
                 let Some(running) = rt
                     .ordered
                     .iter()
@@ -327,7 +350,8 @@ impl Reloader {
         let mut settle = Settle::new(me.source.loaded);
         let mut secrets = settles(me.source.secrets.clone());
         let mut tick = tokio::time::interval(CHECK_EVERY);
-        let mut names = tokio::time::interval(crate::resolve::RERESOLVE_EVERY);
+        let every = me.shared.runtime.load().reload.resolve_every;
+        let mut names = tokio::time::interval(every);
         names.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

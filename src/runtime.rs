@@ -570,8 +570,8 @@ impl Runtime {
                 }
             };
             let mut instances = Vec::with_capacity(s.instances.len());
-            for (idx, i) in s.instances.iter().enumerate() {
-                let p = format!("services[{si}].instances[{idx}]");
+            for (ci, i) in s.instances.iter().enumerate() {
+                let p = format!("services[{si}].instances[{ci}]");
                 let target = match i.addr.target() {
                     Ok(t) => t,
                     Err(e) => {
@@ -587,7 +587,7 @@ impl Runtime {
                 // A name that does not resolve (yet) leaves the instance unavailable, not the
                 // gateway down: the previous address of the same instance is kept, and the
                 // reloader re-resolves it (see `crate::resolve`).
-                let (addr, unresolved) = match crate::resolve::resolve(&i.addr) {
+                let single = || match crate::resolve::resolve(&i.addr) {
                     Ok(a) => (a, None),
                     Err(e) => {
                         let kept = prev
@@ -604,66 +604,99 @@ impl Runtime {
                         (a, Some(e))
                     }
                 };
-                let Ok(host_header) = http::HeaderValue::from_str(&target.authority) else {
-                    errs.push(format!("{p}.addr: {:?} cannot be a Host header", i.addr));
-                    continue;
-                };
-                let auth = i
-                    .api_key
-                    .as_ref()
-                    .or(s.api_key.as_ref())
-                    .and_then(|k| k.bearer());
-                let id_header = match http::HeaderValue::from_str(&i.id) {
-                    Ok(h) => h,
-                    Err(_) => {
-                        errs.push(format!("{p}.id: {:?} cannot be a header value", i.id));
-                        continue;
+                // `expand`: one instance per address of the name (`<id>/<ip>`); a name that
+                // does not resolve keeps the previous ones (unavailable until it does).
+                let members: Vec<(String, SocketAddr, Option<String>)> = if i.expand {
+                    match crate::resolve::resolve_every(&i.addr) {
+                        Ok(all) if !all.is_empty() => all
+                            .into_iter()
+                            .map(|a| (format!("{}/{}", i.id, a.ip()), a, None))
+                            .collect(),
+                        r => {
+                            let e = r.err().unwrap_or_else(|| {
+                                format!("cannot resolve {:?}: no address", i.addr.as_str())
+                            });
+                            let stem = format!("{}/", i.id);
+                            let kept: Vec<_> = prev
+                                .into_iter()
+                                .flat_map(|p| p.ordered.iter().flat_map(|s| s.instances.iter()))
+                                .filter(|x| x.id.starts_with(&stem) && x.origin == origin)
+                                .map(|x| (x.id.clone(), x.addr, Some(e.clone())))
+                                .collect();
+                            if kept.is_empty() {
+                                let (a, _) = single();
+                                vec![(i.id.clone(), a, Some(e))]
+                            } else {
+                                kept
+                            }
+                        }
                     }
+                } else {
+                    let (a, e) = single();
+                    vec![(i.id.clone(), a, e)]
                 };
-                let old = prev_inst(&i.id, addr);
-                if let Some(e) = &unresolved {
-                    log::warn!("{p} ({}): {e}; it gets no requests until it resolves", i.id);
-                }
-                let role = i.role.map_or(Role::Integrated, |r| r.plugin_role());
-                instances.push(Arc::new(Instance {
-                    id: i.id.clone(),
-                    id_header,
-                    addr,
-                    service: s.name.clone(),
-                    labels: i.labels.clone(),
-                    idx,
-                    key: InstanceKey::of(&i.id),
-                    load: old.as_ref().map(|p| p.load.clone()).unwrap_or_default(),
-                    health: {
-                        let h: Arc<Health> =
-                            old.as_ref().map(|p| p.health.clone()).unwrap_or_default();
-                        h.set_resolved(unresolved.is_none());
-                        h
-                    },
-                    engine: old.as_ref().map(|p| p.engine.clone()).unwrap_or_default(),
-                    engine_max_age_ms: s
-                        .engine_metrics
+                for (id, addr, unresolved) in members {
+                    let Ok(host_header) = http::HeaderValue::from_str(&target.authority) else {
+                        errs.push(format!("{p}.addr: {:?} cannot be a Host header", i.addr));
+                        continue;
+                    };
+                    let auth = i
+                        .api_key
                         .as_ref()
-                        .map(|e| 3 * e.interval.as_millis() as u64),
-                    throttle: throttle.clone(),
-                    limits: match role {
-                        Role::Decode => decode_limits,
-                        Role::Prefill => Limits {
-                            prefill: limits.prefill,
-                            total: 0,
+                        .or(s.api_key.as_ref())
+                        .and_then(|k| k.bearer());
+                    let id_header = match http::HeaderValue::from_str(&id) {
+                        Ok(h) => h,
+                        Err(_) => {
+                            errs.push(format!("{p}.id: {:?} cannot be a header value", id));
+                            continue;
+                        }
+                    };
+                    let old = prev_inst(&id, addr);
+                    if let Some(e) = &unresolved {
+                        log::warn!("{p} ({}): {e}; it gets no requests until it resolves", id);
+                    }
+                    let role = i.role.map_or(Role::Integrated, |r| r.plugin_role());
+                    instances.push(Arc::new(Instance {
+                        id: id.clone(),
+                        id_header,
+                        addr,
+                        service: s.name.clone(),
+                        labels: i.labels.clone(),
+                        idx: instances.len(),
+                        key: InstanceKey::of(&id),
+                        load: old.as_ref().map(|p| p.load.clone()).unwrap_or_default(),
+                        health: {
+                            let h: Arc<Health> =
+                                old.as_ref().map(|p| p.health.clone()).unwrap_or_default();
+                            h.set_resolved(unresolved.is_none());
+                            h
                         },
-                        Role::Integrated => limits,
-                    },
-                    role,
-                    bootstrap_port: i.bootstrap_port,
-                    tls: target.tls.then(|| Arc::new(svc_tls.with_sni(&target.host))),
-                    engine_cache_size: s.engine_metrics.as_ref().is_some_and(|e| e.cache_size),
-                    config_cache_tokens: i.cache_tokens,
-                    config_block_tokens: i.cache_block_tokens,
-                    origin,
-                    host_header,
-                    auth,
-                }));
+                        engine: old.as_ref().map(|p| p.engine.clone()).unwrap_or_default(),
+                        engine_max_age_ms: s
+                            .engine_metrics
+                            .as_ref()
+                            .map(|e| 3 * e.interval.as_millis() as u64),
+                        throttle: throttle.clone(),
+                        limits: match role {
+                            Role::Decode => decode_limits,
+                            Role::Prefill => Limits {
+                                prefill: limits.prefill,
+                                total: 0,
+                            },
+                            Role::Integrated => limits,
+                        },
+                        role,
+                        bootstrap_port: i.bootstrap_port,
+                        tls: target.tls.then(|| Arc::new(svc_tls.with_sni(&target.host))),
+                        engine_cache_size: s.engine_metrics.as_ref().is_some_and(|e| e.cache_size),
+                        config_cache_tokens: i.cache_tokens,
+                        config_block_tokens: i.cache_block_tokens,
+                        origin: origin.clone(),
+                        host_header,
+                        auth,
+                    }));
+                }
             }
             let index = match prev_svc {
                 Some(p) => {
