@@ -36,6 +36,8 @@ pub struct Instance {
     pub key: InstanceKey,
     /// Shared with the same instance in the next config after a reload.
     pub load: Arc<InstanceLoad>,
+    /// The other replicas' in-flight figures here (`cluster:`; kept across reloads).
+    pub remote: Arc<crate::load::RemoteLoad>,
     pub health: Arc<Health>,
     /// The engine's own load figures, when the service scrapes them (kept across reloads).
     pub engine: Arc<EngineSignals>,
@@ -183,6 +185,8 @@ impl Instance {
         index: &PrefixIndex,
     ) -> Candidate {
         let s = self.load.snapshot();
+        // The fleet's load: the other replicas' bookings here (zero without a cluster).
+        let [rr, rt, rw, rp] = self.remote.get();
         let cache_tokens = self.cache_tokens().unwrap_or(0);
         Candidate {
             idx,
@@ -190,10 +194,10 @@ impl Instance {
             target,
             role: self.role,
             available: self.health.available(now_ms),
-            inflight_requests: s.inflight_requests,
-            inflight_tokens: s.inflight_tokens,
-            waiting: s.waiting,
-            prefill_tokens: s.prefill_tokens,
+            inflight_requests: s.inflight_requests + rr,
+            inflight_tokens: s.inflight_tokens + rt,
+            waiting: s.waiting + rw,
+            prefill_tokens: s.prefill_tokens + rp,
             engine: self
                 .engine_max_age_ms
                 .and_then(|age| self.engine.fresh(now_ms, age)),
@@ -666,6 +670,7 @@ impl Runtime {
                         idx: instances.len(),
                         key: InstanceKey::of(&id),
                         load: old.as_ref().map(|p| p.load.clone()).unwrap_or_default(),
+                        remote: old.as_ref().map(|p| p.remote.clone()).unwrap_or_default(),
                         health: {
                             let h: Arc<Health> =
                                 old.as_ref().map(|p| p.health.clone()).unwrap_or_default();
@@ -984,6 +989,7 @@ impl Runtime {
             .flat_map(|s| s.instances.iter().map(move |i| (s, i)))
             .map(|(s, i)| {
                 let l: LoadSnapshot = i.load.snapshot();
+                let remote = i.remote.get();
                 serde_json::json!({
                     "id": i.id,
                     "service": i.service,
@@ -996,6 +1002,8 @@ impl Runtime {
                     "inflight_tokens": l.inflight_tokens,
                     "waiting": l.waiting,
                     "queued_prefill_tokens": l.prefill_tokens,
+                    "other_replicas": {"inflight_requests": remote[0], "inflight_tokens": remote[1],
+                        "waiting": remote[2], "queued_prefill_tokens": remote[3]},
                     "recent_tokens": i.load.recent_tokens(crate::clock::now_ms()),
                     "cached_blocks": s.index.held_blocks(i.key),
                     "placed_blocks": s.index.placed_blocks(i.key),

@@ -129,10 +129,12 @@ impl Drop for Redis {
     }
 }
 
-/// The `cluster:` block of a replica.
+/// The `cluster:` block of a replica: a Redis timeout of 1 s, far above a loopback round trip,
+/// so that a busy CI machine does not make a replica degraded (and the tests' fleet-wide
+/// guarantees local only) by accident.
 fn cluster_yaml(redis: &Redis, name: &str, extra: &str) -> String {
     format!(
-        "cluster:\n  replica: {name}\n  heartbeat: 200ms\n  lease: 1s\n  redis: {{url: \"{}\", key_prefix: t, timeout: 200ms}}\n{extra}",
+        "cluster:\n  replica: {name}\n  heartbeat: 200ms\n  lease: 2s\n  redis: {{url: \"{}\", key_prefix: t, timeout: 1s}}\n{extra}",
         redis.url()
     )
 }
@@ -335,6 +337,61 @@ async fn a_throttling_limit_holds_for_the_fleet() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_balances_on_the_fleets_load() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = vec![slow_sim("e1").await, slow_sim("e2").await];
+    let gws = replicas(
+        &redis,
+        &service(&fleet, "    load_balancing: least-request\n"),
+    )
+    .await;
+    // r1 holds one long stream on one engine...
+    let c = reqwest::Client::new();
+    let held = c
+        .post(gws[0].url("/v1/chat/completions"))
+        .json(
+            &serde_json::json!({"model": "m", "max_tokens": 100000, "stream": true,
+            "messages": [{"role": "user", "content": "hold"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    let busy = held.headers()["x-tokengate-instance"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    // ...which r2 learns...
+    eventually("r2 sees r1's request in flight", || async {
+        gws[1].instances().await["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == busy.as_str() && i["other_replicas"]["inflight_requests"] == 1)
+    })
+    .await;
+    // ...so its least-request balancing sends its own requests to the other engine (alone,
+    // r2 would see two idle engines and alternate).
+    for n in 0..4 {
+        let (st, inst, _) = send(&c, &gws[1], &chat(&format!("short {n}"), 1), None).await;
+        assert_eq!(st, 200);
+        assert_ne!(
+            inst, busy,
+            "r2 sent request {n} to the engine r1 keeps busy"
+        );
+    }
+    drop(held);
+    eventually("r1's request leaves r2's view", || async {
+        gws[1].instances().await["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["other_replicas"]["inflight_requests"] == 0)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_gives_its_slots_back_within_the_lease() {
     let Some(redis) = Redis::start() else { return };
     let fleet = vec![slow_sim("e1").await];
@@ -379,7 +436,7 @@ async fn a_killed_replica_gives_its_slots_back_within_the_lease() {
         gws[0].instances().await["throttles"][0]["queued"] == 1
     })
     .await;
-    // r3 dies without giving anything back: its lease expires (1 s), r1's request runs.
+    // r3 dies without giving anything back: its lease expires (2 s), r1's request runs.
     let killed_at = Instant::now();
     let mut r3 = gws.pop().unwrap();
     let _ = r3.child.kill();
@@ -387,9 +444,14 @@ async fn a_killed_replica_gives_its_slots_back_within_the_lease() {
     let (status, _) = waiting.await.unwrap();
     assert_eq!(status, 200);
     let took = killed_at.elapsed();
+    // Not before the lease could expire: the slot was the dead replica's until then.
+    assert!(
+        took >= Duration::from_millis(1000),
+        "r1's request ran {took:?} after r3 died: the slot was not held for the lease"
+    );
     assert!(
         took < Duration::from_secs(5),
-        "the dead replica's slot came back after {took:?} (lease 1s)"
+        "the dead replica's slot came back after {took:?} (lease 2s)"
     );
     hold.abort();
     eventually("r1 sees r3 missing", || async {

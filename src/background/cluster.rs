@@ -7,6 +7,7 @@ use crate::shared::Shared;
 use std::sync::Arc;
 
 pub async fn run(shared: Arc<Shared>, c: Arc<Cluster>, stop: pingora::server::ShutdownWatch) {
+    let load = tokio::spawn(share_load(shared.clone(), c.clone(), stop.clone()));
     let counted = c.clone();
     let apply = move |e: Event| {
         if let Some(kind) = apply(&shared, &e) {
@@ -14,6 +15,46 @@ pub async fn run(shared: Arc<Shared>, c: Arc<Cluster>, stop: pingora::server::Sh
         }
     };
     crate::cluster::run(c, apply, stop).await;
+    load.abort();
+}
+
+/// Every [`Cluster::load_every`]: this replica's in-flight figures out, the other replicas'
+/// in, into each instance's [`crate::load::RemoteLoad`] (zero while Redis is away: stale
+/// figures would steer requests away from instances that emptied meanwhile).
+async fn share_load(
+    shared: Arc<Shared>,
+    c: Arc<Cluster>,
+    mut stop: pingora::server::ShutdownWatch,
+) {
+    loop {
+        let rt = shared.runtime.load_full();
+        let own: Vec<(String, [u64; 4])> = rt
+            .ordered
+            .iter()
+            .flat_map(|s| s.instances.iter())
+            .filter_map(|i| {
+                let l = i.load.snapshot();
+                let v = [
+                    l.inflight_requests,
+                    l.inflight_tokens,
+                    l.waiting,
+                    l.prefill_tokens,
+                ];
+                (v != [0; 4]).then(|| (i.id.clone(), v))
+            })
+            .collect();
+        let others = c.sync_load(&own).await;
+        for i in rt.ordered.iter().flat_map(|s| s.instances.iter()) {
+            let v = others
+                .as_ref()
+                .and_then(|o| o.get(&i.id).copied())
+                .unwrap_or_default();
+            i.remote.set(v);
+        }
+        if !crate::clock::sleep_or_stop(c.load_every(), &mut stop).await {
+            return;
+        }
+    }
 }
 
 /// Applies another replica's event; the kind applied (`None`: nothing here matches it).

@@ -11,6 +11,9 @@
 //! * **Prefix placements** — each dispatch publishes the prompt's chained block hashes and
 //!   the instance on the `events` channel; every other replica inserts them in its own
 //!   index within a millisecond or so. The self-correcting trims travel the same way.
+//! * **In-flight load** — every `heartbeat / 10` a replica publishes its in-flight figures per
+//!   instance and reads the others' ([`Cluster::sync_load`]); the scheduler compares instances
+//!   on the fleet's sum.
 //! * **Throttling slots as leases** — with `throttling` on a service, a slot of an instance
 //!   is also a member of the instance's lease set (`lease:<service>:<instance>:<phase>`)
 //!   taken by an atomic script only while the set holds fewer than the limit: a limit of N
@@ -89,6 +92,28 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 table.insert(r, 1, tostring(now))
 return r
+";
+
+/// Publishes this replica's in-flight figures per instance (ARGV[4..]: instance, "r,t,w,p")
+/// and returns every other registered replica's, flat. KEYS[1] the replica set; ARGV key
+/// prefix, replica id, ms to keep them.
+const LOAD_SYNC: &str = r"
+local own = ARGV[1] .. ':load:' .. ARGV[2]
+redis.call('DEL', own)
+if #ARGV > 3 then
+  local args = {}
+  for i = 4, #ARGV do args[#args + 1] = ARGV[i] end
+  redis.call('HSET', own, unpack(args))
+  redis.call('PEXPIRE', own, tonumber(ARGV[3]))
+end
+local out = {}
+for _, r in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if r ~= ARGV[2] then
+    local h = redis.call('HGETALL', ARGV[1] .. ':load:' .. r)
+    for i = 1, #h do out[#out + 1] = h[i] end
+  end
+end
+return out
 ";
 
 /// A write for the writer task.
@@ -203,7 +228,14 @@ impl ClusterMetrics {
 }
 
 /// The Redis operations counted in `tokengate_cluster_redis_calls_total{op}`.
-const OPS: [&str; 5] = ["session_get", "lease", "write", "heartbeat", "members"];
+const OPS: [&str; 6] = [
+    "session_get",
+    "lease",
+    "write",
+    "heartbeat",
+    "members",
+    "load",
+];
 
 impl ClusterMetrics {
     /// The counters for `/admin/status`.
@@ -252,6 +284,7 @@ pub struct Cluster {
     acquire: redis::Script,
     heartbeat_script: redis::Script,
     members_script: redis::Script,
+    load_script: redis::Script,
     m: ClusterMetrics,
 }
 
@@ -344,6 +377,7 @@ impl Cluster {
             acquire: redis::Script::new(ACQUIRE),
             heartbeat_script: redis::Script::new(HEARTBEAT),
             members_script: redis::Script::new(MEMBERS),
+            load_script: redis::Script::new(LOAD_SYNC),
             m,
         }))
     }
@@ -542,6 +576,51 @@ impl Cluster {
                 Acquired::Unknown
             }
         }
+    }
+
+    /// How often the replicas exchange their in-flight figures: a tenth of the heartbeat,
+    /// 50 ms to 1 s.
+    pub fn load_every(&self) -> Duration {
+        (self.heartbeat / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
+    }
+
+    /// Publishes this replica's in-flight figures (`[requests, tokens, waiting, prefill
+    /// tokens]` by instance id, the non-zero ones) and returns the sum of the other
+    /// replicas' by instance id; `None` when Redis is not usable (nothing is known then).
+    pub async fn sync_load(&self, own: &[(String, [u64; 4])]) -> Option<HashMap<String, [u64; 4]>> {
+        if !self.usable() {
+            return None;
+        }
+        let script = self.load_script.clone();
+        let replicas = self.key("replicas");
+        let keep = (self.load_every() * 5).as_millis() as u64;
+        let (prefix, id) = (self.prefix.clone(), self.replica.clone());
+        let args: Vec<String> = own
+            .iter()
+            .flat_map(|(i, v)| [i.clone(), format!("{},{},{},{}", v[0], v[1], v[2], v[3])])
+            .collect();
+        let flat = self
+            .call("load", |mut c| async move {
+                let mut inv = script.key(&replicas);
+                inv.arg(&prefix).arg(&id).arg(keep);
+                for a in &args {
+                    inv.arg(a);
+                }
+                inv.invoke_async::<Vec<String>>(&mut c).await
+            })
+            .await?;
+        let mut sum: HashMap<String, [u64; 4]> = HashMap::new();
+        for p in flat.chunks_exact(2) {
+            let mut v = [0u64; 4];
+            for (slot, x) in v.iter_mut().zip(p[1].split(',')) {
+                *slot = x.parse().unwrap_or(0);
+            }
+            let e = sum.entry(p[0].clone()).or_default();
+            for (a, b) in e.iter_mut().zip(v) {
+                *a += b;
+            }
+        }
+        Some(sum)
     }
 
     /// Leases this replica holds now.
