@@ -107,6 +107,7 @@ run_mode() { # $1 = mode
     stop "$REDIS_PID"
   fi
   stop "${GWS[@]}"; stop "${FLEET[@]}"
+  for i in $(seq 1 $n); do gzip -c "$WORK/r$i.log" >"$dir/r$i.log.gz"; cp "$WORK/r$i.yaml" "$dir/"; done
 }
 
 for m in $MODES; do run_mode "$m"; done
