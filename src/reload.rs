@@ -21,7 +21,8 @@
 //! their prefix index (a new `ttl` applies), and schedulers that still bind sessions keep
 //! their bindings (a new TTL applies in place, a new `max_entries` rebuilds the table
 //! keeping the most recently used bindings); a new `maintenance_interval` applies after the
-//! wait in progress. Listen addresses, threads and `shutdown_grace` change only on restart.
+//! wait in progress. Listen addresses, threads, `shutdown_grace`, `tracing` and `cluster` change
+//! only on restart.
 //! Instance addresses given by name are re-resolved every
 //! [`crate::resolve::RERESOLVE_EVERY`]; a name that points elsewhere reloads the file (the
 //! moved instance starts with fresh counters).
@@ -213,6 +214,10 @@ impl Reloader {
                 let tracing = cfg.tracing.as_ref().map(crate::otel::settings_key);
                 if tracing != self.shared.otel.as_ref().map(|o| o.settings_key.clone()) {
                     warn!("config reload: tracing changes take effect only after a restart");
+                }
+                let cluster = cfg.cluster.as_ref().map(crate::cluster::settings_key);
+                if cluster != self.shared.cluster.as_ref().map(|c| c.settings_key.clone()) {
+                    warn!("config reload: cluster changes take effect only after a restart");
                 }
                 for w in cfg.warnings() {
                     warn!("config: {w}");

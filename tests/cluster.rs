@@ -454,13 +454,20 @@ async fn a_killed_replica_gives_its_slots_back_within_the_lease() {
         "the dead replica's slot came back after {took:?} (lease 2s)"
     );
     hold.abort();
-    eventually("r1 sees r3 missing", || async {
+    // r1 lists r3 as missing (3 heartbeats without one), then not at all (10).
+    eventually("r1 no longer lists r3 as healthy", || async {
         let v = admin(&gws[0], "/admin/cluster").await;
-        v["replicas"]
+        !v["replicas"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|r| r["replica"] == "r3" && r["health"] == "missing")
+            .any(|r| r["replica"] == "r3" && r["health"] == "healthy")
+    })
+    .await;
+    eventually("r1 forgets r3", || async {
+        let v = admin(&gws[0], "/admin/cluster").await;
+        let list = v["replicas"].as_array().unwrap();
+        list.len() == 2 && !list.iter().any(|r| r["replica"] == "r3")
     })
     .await;
 }
@@ -586,4 +593,22 @@ async fn without_cluster_nothing_is_shared() {
     assert!(calls.iter().all(|l| l.ends_with(" 0")), "{calls:?}");
     assert_eq!(metric(&m, "tokengate_cluster_degraded"), Some(0.0));
     assert_eq!(admin(&g, "/admin/status").await["cluster"]["state"], "off");
+    // `cluster:` is read at start: a reload that adds it says so and changes nothing.
+    let cfg = std::fs::read_to_string(g.config_path()).unwrap();
+    std::fs::write(
+        g.config_path(),
+        format!("{cfg}cluster:\n  redis: {{url: \"redis://127.0.0.1:9\"}}\n"),
+    )
+    .unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &g.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    eventually("the reload warns that cluster needs a restart", || async {
+        g.log_text()
+            .contains("cluster changes take effect only after a restart")
+    })
+    .await;
+    assert_eq!(admin(&g, "/admin/cluster").await["enabled"], false);
 }

@@ -268,6 +268,9 @@ impl ClusterMetrics {
 /// This replica's membership of the cluster and its client of the shared state.
 pub struct Cluster {
     pub replica: String,
+    /// The settings as started (a reload that changes them is told they need a restart;
+    /// compared only, never shown: it holds the URL's password).
+    pub settings_key: String,
     url: String,
     client: redis::Client,
     prefix: String,
@@ -339,6 +342,11 @@ impl Drop for Lease {
     }
 }
 
+/// What identifies `cluster:` settings (see [`Cluster::settings_key`]).
+pub fn settings_key(cfg: &ClusterSettings) -> String {
+    format!("{cfg:?}")
+}
+
 fn default_replica() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -362,6 +370,7 @@ impl Cluster {
         let (tx, rx) = mpsc::channel(OUTBOX);
         Ok(Arc::new(Cluster {
             replica: cfg.replica.clone().unwrap_or_else(default_replica),
+            settings_key: settings_key(cfg),
             url: masked_url(&cfg.redis.url),
             client,
             prefix: cfg.redis.key_prefix.clone(),
