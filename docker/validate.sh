@@ -20,11 +20,12 @@ promtool check config prometheus/prometheus.yml >/dev/null
 echo "validate: prometheus.yml ok"
 python3 -c 'import json,sys; json.load(open(sys.argv[1]))' grafana/dashboards/tokengate.json
 echo "validate: dashboard JSON ok"
-files=(k8s/configmap.yaml k8s/deployment.yaml k8s/service.yaml k8s/engines.yaml)
+files=(k8s/configmap.yaml k8s/deployment.yaml k8s/service.yaml k8s/engines.yaml k8s-cluster/redis.yaml k8s-cluster/configmap.yaml)
 if command -v kubectl >/dev/null 2>&1; then
   kubectl kustomize k8s >"$tmp/kustomized.yaml"
-  files+=("$tmp/kustomized.yaml")
-  echo "validate: kubectl kustomize k8s ok"
+  kubectl kustomize k8s-cluster >"$tmp/kustomized-cluster.yaml"
+  files+=("$tmp/kustomized.yaml" "$tmp/kustomized-cluster.yaml")
+  echo "validate: kubectl kustomize k8s and k8s-cluster ok"
 else
   echo "validate: no kubectl, kustomization not built"
 fi

@@ -3,8 +3,9 @@
 #   cmake       Pingora's zlib-ng (the build)
 #   chromium    the status page test in a real headless browser (tests/status_page.rs)
 #   prometheus  a real Prometheus + promtool scraping the gateway (tests/dashboard.rs)
+#   redis       a real redis-server for the replicas' shared state (tests/cluster.rs)
 # Safe to run repeatedly; does nothing when everything is there. Without apt-get, only cmake
-# is required: the browser and Prometheus tests skip with a message when their tools are
+# is required: the browser, Prometheus and Redis tests skip with a message when their tools are
 # missing (CI requires them).
 set -euo pipefail
 SUDO=""
@@ -14,6 +15,7 @@ command -v cmake >/dev/null 2>&1 || need+=(cmake)
 if command -v apt-get >/dev/null 2>&1; then
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || need+=(prometheus)
+  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2

@@ -1,5 +1,6 @@
 //! The admin listener (default 127.0.0.1 only): `GET /health`, `GET /metrics` (Prometheus
-//! text), `GET /admin/instances` (JSON snapshot of the load table), and the live status page
+//! text), `GET /admin/instances` (JSON snapshot of the load table), `GET /admin/cluster` (the
+//! replicas sharing state on Redis, [`crate::cluster`]), and the live status page
 //! (`GET /`, its `/assets/*` and `GET /admin/status`, see [`crate::status`]).
 //!
 //! With `admin_token` set, every path but `/health` and the page's static assets needs the
@@ -224,14 +225,29 @@ impl ServeHttp for Admin {
                 if let Some(sp) = rt.split.as_ref() {
                     v["split"] = sp.view(crate::clock::now_ms());
                 }
+                v["cluster"] = self
+                    .shared
+                    .cluster
+                    .as_ref()
+                    .map_or(serde_json::json!({"state": "off", "summary": "cluster: off"}), |c| {
+                        c.summary()
+                    });
                 let body = serde_json::to_vec_pretty(&v).unwrap_or_default();
                 resp(200, "application/json", body)
+            }
+            "/admin/cluster" => {
+                let v = match self.shared.cluster.as_ref() {
+                    Some(c) => c.view().await,
+                    None => serde_json::json!({"enabled": false, "state": "off",
+                        "replicas": [], "note": "no `cluster:` in the config: this replica routes on its own"}),
+                };
+                resp(200, "application/json", serde_json::to_vec_pretty(&v).unwrap_or_default())
             }
             other => resp(
                 404,
                 "application/json",
                 serde_json::to_vec(&serde_json::json!({"error": {
-                    "message": format!("unknown admin path {other}; try / (the status page), /health, /metrics, /admin/instances or /admin/status"),
+                    "message": format!("unknown admin path {other}; try / (the status page), /health, /metrics, /admin/instances, /admin/cluster or /admin/status"),
                     "type": "not_found_error", "code": "unknown_url"}}))
                 .unwrap_or_default(),
             ),

@@ -18,6 +18,7 @@ pub mod api;
 pub mod background;
 pub mod bigbody;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod config_report;
 pub mod config_source;

@@ -89,6 +89,36 @@ impl RecentCount {
     }
 }
 
+/// What the other replicas of a cluster have in flight on an instance (`cluster:`), as they
+/// last published it: added to this replica's own counters when the scheduler compares
+/// instances, so every replica balances on the fleet's load. Zero without a cluster.
+#[derive(Debug, Default)]
+pub struct RemoteLoad {
+    pub inflight_requests: AtomicU64,
+    pub inflight_tokens: AtomicU64,
+    pub waiting: AtomicU64,
+    pub prefill_tokens: AtomicU64,
+}
+
+impl RemoteLoad {
+    /// `[requests, tokens, waiting, prefill tokens]`.
+    pub fn set(&self, v: [u64; 4]) {
+        self.inflight_requests.store(v[0], Relaxed);
+        self.inflight_tokens.store(v[1], Relaxed);
+        self.waiting.store(v[2], Relaxed);
+        self.prefill_tokens.store(v[3], Relaxed);
+    }
+
+    pub fn get(&self) -> [u64; 4] {
+        [
+            self.inflight_requests.load(Relaxed),
+            self.inflight_tokens.load(Relaxed),
+            self.waiting.load(Relaxed),
+            self.prefill_tokens.load(Relaxed),
+        ]
+    }
+}
+
 /// A copy of an instance's counters at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LoadSnapshot {

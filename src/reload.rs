@@ -21,7 +21,8 @@
 //! their prefix index (a new `ttl` applies), and schedulers that still bind sessions keep
 //! their bindings (a new TTL applies in place, a new `max_entries` rebuilds the table
 //! keeping the most recently used bindings); a new `maintenance_interval` applies after the
-//! wait in progress. Listen addresses, threads and `shutdown_grace` change only on restart.
+//! wait in progress. Listen addresses, threads, `shutdown_grace`, `tracing` and `cluster` change
+//! only on restart.
 //! Instance addresses given by name are re-resolved every
 //! [`crate::resolve::RERESOLVE_EVERY`]; a name that points elsewhere reloads the file (the
 //! moved instance starts with fresh counters).
@@ -214,6 +215,10 @@ impl Reloader {
                 if tracing != self.shared.otel.as_ref().map(|o| o.settings_key.clone()) {
                     warn!("config reload: tracing changes take effect only after a restart");
                 }
+                let cluster = cfg.cluster.as_ref().map(crate::cluster::settings_key);
+                if cluster != self.shared.cluster.as_ref().map(|c| c.settings_key.clone()) {
+                    warn!("config reload: cluster changes take effect only after a restart");
+                }
                 for w in cfg.warnings() {
                     warn!("config: {w}");
                 }
@@ -263,6 +268,29 @@ impl Reloader {
                 .iter()
                 .filter(|i| crate::resolve::is_name(&i.addr))
             {
+                if i.expand {
+                    // One instance per address: the set of addresses is what counts.
+                    let stem = format!("{}/", i.id);
+                    let running: Vec<std::net::SocketAddr> = rt
+                        .services
+                        .get(&s.name)
+                        .into_iter()
+                        .flat_map(|s| s.instances.iter())
+                        .filter(|x| x.id.starts_with(&stem))
+                        .map(|x| x.addr)
+                        .collect();
+                    let mut running = running;
+                    running.sort();
+                    if let Ok(now) = crate::resolve::resolve_all(&i.addr).await {
+                        if !now.is_empty() && now != running {
+                            return Some(format!(
+                                "instance {}: {} now resolves to {now:?} (was {running:?}): one instance per address",
+                                i.id, i.addr
+                            ));
+                        }
+                    }
+                    continue;
+                }
                 let Some(running) = rt
                     .ordered
                     .iter()
@@ -327,7 +355,8 @@ impl Reloader {
         let mut settle = Settle::new(me.source.loaded);
         let mut secrets = settles(me.source.secrets.clone());
         let mut tick = tokio::time::interval(CHECK_EVERY);
-        let mut names = tokio::time::interval(crate::resolve::RERESOLVE_EVERY);
+        let every = me.shared.runtime.load().reload.resolve_every;
+        let mut names = tokio::time::interval(every);
         names.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

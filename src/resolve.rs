@@ -186,18 +186,51 @@ pub fn check(addr: &str) -> Result<(), String> {
     }
 }
 
-/// The socket address of `addr`: parsed, or looked up (blocking) when it is a name.
-pub fn resolve(addr: &str) -> Result<SocketAddr, String> {
+/// The environment variable naming a hosts file consulted before the system's resolver
+/// (`name ip [ip…]` per line, `#` comments): lets tests change what a name resolves to.
+pub const TEST_HOSTS_ENV: &str = "TOKENGATE_TEST_HOSTS";
+
+/// The addresses `TOKENGATE_TEST_HOSTS` gives `host:port`, when it names the host.
+fn test_hosts(authority: &str) -> Option<Vec<SocketAddr>> {
+    let file = std::env::var_os(TEST_HOSTS_ENV)?;
+    let (host, port) = authority.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or_default())
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next()? == host).then(|| {
+                w.filter_map(|ip| ip.parse::<std::net::IpAddr>().ok())
+                    .map(|ip| SocketAddr::new(ip, port))
+                    .collect()
+            })
+        })
+}
+
+/// Every address of `addr` (blocking), sorted, without duplicates.
+pub fn resolve_every(addr: &str) -> Result<Vec<SocketAddr>, String> {
     let addr = &authority(addr);
     if let Ok(a) = addr.parse::<SocketAddr>() {
-        return Ok(a);
+        return Ok(vec![a]);
     }
     check(addr)?;
-    let all: Vec<SocketAddr> = addr
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
-        .collect();
-    pick(&all).ok_or_else(|| format!("cannot resolve {addr:?}: no address"))
+    let mut all: Vec<SocketAddr> = match test_hosts(addr) {
+        Some(v) => v,
+        None => addr
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
+            .collect(),
+    };
+    all.sort();
+    all.dedup();
+    Ok(all)
+}
+
+/// The socket address of `addr`: parsed, or looked up (blocking) when it is a name.
+pub fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    let all = resolve_every(addr)?;
+    pick(&all).ok_or_else(|| format!("cannot resolve {:?}: no address", authority(addr)))
 }
 
 /// The address a name stands for among all of its addresses: the lowest IPv4 one, else the
@@ -218,10 +251,15 @@ pub async fn resolve_all(addr: &str) -> Result<Vec<SocketAddr>, String> {
         return Ok(vec![a]);
     }
     check(addr)?;
-    let all: Vec<SocketAddr> = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
-        .collect();
+    let mut all: Vec<SocketAddr> = match test_hosts(addr) {
+        Some(v) => v,
+        None => tokio::net::lookup_host(addr)
+            .await
+            .map_err(|e| format!("cannot resolve {addr:?}: {e}"))?
+            .collect(),
+    };
+    all.sort();
+    all.dedup();
     Ok(all)
 }
 

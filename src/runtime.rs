@@ -36,6 +36,8 @@ pub struct Instance {
     pub key: InstanceKey,
     /// Shared with the same instance in the next config after a reload.
     pub load: Arc<InstanceLoad>,
+    /// The other replicas' in-flight figures here (`cluster:`; kept across reloads).
+    pub remote: Arc<crate::load::RemoteLoad>,
     pub health: Arc<Health>,
     /// The engine's own load figures, when the service scrapes them (kept across reloads).
     pub engine: Arc<EngineSignals>,
@@ -141,6 +143,22 @@ impl Instance {
         }
     }
 
+    /// An instance with a known cache size (`cache_tokens`, or its engine's metrics) that the
+    /// prefix index believes holds more loses its least recently used entries down to 95 %
+    /// of it (the margin: the tree walk runs once per 5 % of the cache that turns over, not
+    /// on every request).
+    pub fn bound_index(&self, index: &PrefixIndex, block_tokens: usize) {
+        if let Some(cap) = self.cache_blocks(block_tokens) {
+            if index.held_blocks(self.key) > cap {
+                let removed = index.evict_instance_to(self.key, cap - cap / 20);
+                log::debug!(
+                    "prefix index: {} held more than its cache ({cap} blocks): {removed} least recently used blocks forgotten",
+                    self.id
+                );
+            }
+        }
+    }
+
     /// Feeds a request's outcome to the instance's passive health (`passive_health`).
     pub fn passive(&self, failed: bool, p: &crate::config::PassiveHealthSettings, now: u64) {
         let eject_ms = p.eject_for.as_millis() as u64;
@@ -167,6 +185,8 @@ impl Instance {
         index: &PrefixIndex,
     ) -> Candidate {
         let s = self.load.snapshot();
+        // The fleet's load: the other replicas' bookings here (zero without a cluster).
+        let [rr, rt, rw, rp] = self.remote.get();
         let cache_tokens = self.cache_tokens().unwrap_or(0);
         Candidate {
             idx,
@@ -174,10 +194,10 @@ impl Instance {
             target,
             role: self.role,
             available: self.health.available(now_ms),
-            inflight_requests: s.inflight_requests,
-            inflight_tokens: s.inflight_tokens,
-            waiting: s.waiting,
-            prefill_tokens: s.prefill_tokens,
+            inflight_requests: s.inflight_requests + rr,
+            inflight_tokens: s.inflight_tokens + rt,
+            waiting: s.waiting + rw,
+            prefill_tokens: s.prefill_tokens + rp,
             engine: self
                 .engine_max_age_ms
                 .and_then(|age| self.engine.fresh(now_ms, age)),
@@ -554,8 +574,8 @@ impl Runtime {
                 }
             };
             let mut instances = Vec::with_capacity(s.instances.len());
-            for (idx, i) in s.instances.iter().enumerate() {
-                let p = format!("services[{si}].instances[{idx}]");
+            for (ci, i) in s.instances.iter().enumerate() {
+                let p = format!("services[{si}].instances[{ci}]");
                 let target = match i.addr.target() {
                     Ok(t) => t,
                     Err(e) => {
@@ -571,7 +591,7 @@ impl Runtime {
                 // A name that does not resolve (yet) leaves the instance unavailable, not the
                 // gateway down: the previous address of the same instance is kept, and the
                 // reloader re-resolves it (see `crate::resolve`).
-                let (addr, unresolved) = match crate::resolve::resolve(&i.addr) {
+                let single = || match crate::resolve::resolve(&i.addr) {
                     Ok(a) => (a, None),
                     Err(e) => {
                         let kept = prev
@@ -588,66 +608,100 @@ impl Runtime {
                         (a, Some(e))
                     }
                 };
-                let Ok(host_header) = http::HeaderValue::from_str(&target.authority) else {
-                    errs.push(format!("{p}.addr: {:?} cannot be a Host header", i.addr));
-                    continue;
-                };
-                let auth = i
-                    .api_key
-                    .as_ref()
-                    .or(s.api_key.as_ref())
-                    .and_then(|k| k.bearer());
-                let id_header = match http::HeaderValue::from_str(&i.id) {
-                    Ok(h) => h,
-                    Err(_) => {
-                        errs.push(format!("{p}.id: {:?} cannot be a header value", i.id));
-                        continue;
+                // `expand`: one instance per address of the name (`<id>/<ip>`); a name that
+                // does not resolve keeps the previous ones (unavailable until it does).
+                let members: Vec<(String, SocketAddr, Option<String>)> = if i.expand {
+                    match crate::resolve::resolve_every(&i.addr) {
+                        Ok(all) if !all.is_empty() => all
+                            .into_iter()
+                            .map(|a| (format!("{}/{}", i.id, a.ip()), a, None))
+                            .collect(),
+                        r => {
+                            let e = r.err().unwrap_or_else(|| {
+                                format!("cannot resolve {:?}: no address", i.addr.as_str())
+                            });
+                            let stem = format!("{}/", i.id);
+                            let kept: Vec<_> = prev
+                                .into_iter()
+                                .flat_map(|p| p.ordered.iter().flat_map(|s| s.instances.iter()))
+                                .filter(|x| x.id.starts_with(&stem) && x.origin == origin)
+                                .map(|x| (x.id.clone(), x.addr, Some(e.clone())))
+                                .collect();
+                            if kept.is_empty() {
+                                let (a, _) = single();
+                                vec![(i.id.clone(), a, Some(e))]
+                            } else {
+                                kept
+                            }
+                        }
                     }
+                } else {
+                    let (a, e) = single();
+                    vec![(i.id.clone(), a, e)]
                 };
-                let old = prev_inst(&i.id, addr);
-                if let Some(e) = &unresolved {
-                    log::warn!("{p} ({}): {e}; it gets no requests until it resolves", i.id);
-                }
-                let role = i.role.map_or(Role::Integrated, |r| r.plugin_role());
-                instances.push(Arc::new(Instance {
-                    id: i.id.clone(),
-                    id_header,
-                    addr,
-                    service: s.name.clone(),
-                    labels: i.labels.clone(),
-                    idx,
-                    key: InstanceKey::of(&i.id),
-                    load: old.as_ref().map(|p| p.load.clone()).unwrap_or_default(),
-                    health: {
-                        let h: Arc<Health> =
-                            old.as_ref().map(|p| p.health.clone()).unwrap_or_default();
-                        h.set_resolved(unresolved.is_none());
-                        h
-                    },
-                    engine: old.as_ref().map(|p| p.engine.clone()).unwrap_or_default(),
-                    engine_max_age_ms: s
-                        .engine_metrics
+                for (id, addr, unresolved) in members {
+                    let Ok(host_header) = http::HeaderValue::from_str(&target.authority) else {
+                        errs.push(format!("{p}.addr: {:?} cannot be a Host header", i.addr));
+                        continue;
+                    };
+                    let auth = i
+                        .api_key
                         .as_ref()
-                        .map(|e| 3 * e.interval.as_millis() as u64),
-                    throttle: throttle.clone(),
-                    limits: match role {
-                        Role::Decode => decode_limits,
-                        Role::Prefill => Limits {
-                            prefill: limits.prefill,
-                            total: 0,
+                        .or(s.api_key.as_ref())
+                        .and_then(|k| k.bearer());
+                    let id_header = match http::HeaderValue::from_str(&id) {
+                        Ok(h) => h,
+                        Err(_) => {
+                            errs.push(format!("{p}.id: {:?} cannot be a header value", id));
+                            continue;
+                        }
+                    };
+                    let old = prev_inst(&id, addr);
+                    if let Some(e) = &unresolved {
+                        log::warn!("{p} ({}): {e}; it gets no requests until it resolves", id);
+                    }
+                    let role = i.role.map_or(Role::Integrated, |r| r.plugin_role());
+                    instances.push(Arc::new(Instance {
+                        id: id.clone(),
+                        id_header,
+                        addr,
+                        service: s.name.clone(),
+                        labels: i.labels.clone(),
+                        idx: instances.len(),
+                        key: InstanceKey::of(&id),
+                        load: old.as_ref().map(|p| p.load.clone()).unwrap_or_default(),
+                        remote: old.as_ref().map(|p| p.remote.clone()).unwrap_or_default(),
+                        health: {
+                            let h: Arc<Health> =
+                                old.as_ref().map(|p| p.health.clone()).unwrap_or_default();
+                            h.set_resolved(unresolved.is_none());
+                            h
                         },
-                        Role::Integrated => limits,
-                    },
-                    role,
-                    bootstrap_port: i.bootstrap_port,
-                    tls: target.tls.then(|| Arc::new(svc_tls.with_sni(&target.host))),
-                    engine_cache_size: s.engine_metrics.as_ref().is_some_and(|e| e.cache_size),
-                    config_cache_tokens: i.cache_tokens,
-                    config_block_tokens: i.cache_block_tokens,
-                    origin,
-                    host_header,
-                    auth,
-                }));
+                        engine: old.as_ref().map(|p| p.engine.clone()).unwrap_or_default(),
+                        engine_max_age_ms: s
+                            .engine_metrics
+                            .as_ref()
+                            .map(|e| 3 * e.interval.as_millis() as u64),
+                        throttle: throttle.clone(),
+                        limits: match role {
+                            Role::Decode => decode_limits,
+                            Role::Prefill => Limits {
+                                prefill: limits.prefill,
+                                total: 0,
+                            },
+                            Role::Integrated => limits,
+                        },
+                        role,
+                        bootstrap_port: i.bootstrap_port,
+                        tls: target.tls.then(|| Arc::new(svc_tls.with_sni(&target.host))),
+                        engine_cache_size: s.engine_metrics.as_ref().is_some_and(|e| e.cache_size),
+                        config_cache_tokens: i.cache_tokens,
+                        config_block_tokens: i.cache_block_tokens,
+                        origin: origin.clone(),
+                        host_header,
+                        auth,
+                    }));
+                }
             }
             let index = match prev_svc {
                 Some(p) => {
@@ -935,6 +989,7 @@ impl Runtime {
             .flat_map(|s| s.instances.iter().map(move |i| (s, i)))
             .map(|(s, i)| {
                 let l: LoadSnapshot = i.load.snapshot();
+                let remote = i.remote.get();
                 serde_json::json!({
                     "id": i.id,
                     "service": i.service,
@@ -947,6 +1002,8 @@ impl Runtime {
                     "inflight_tokens": l.inflight_tokens,
                     "waiting": l.waiting,
                     "queued_prefill_tokens": l.prefill_tokens,
+                    "other_replicas": {"inflight_requests": remote[0], "inflight_tokens": remote[1],
+                        "waiting": remote[2], "queued_prefill_tokens": remote[3]},
                     "recent_tokens": i.load.recent_tokens(crate::clock::now_ms()),
                     "cached_blocks": s.index.held_blocks(i.key),
                     "placed_blocks": s.index.placed_blocks(i.key),

@@ -212,6 +212,17 @@ impl BackgroundService for Acceptor {
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(self.shared.mirror.clone().run()));
+        if let Some(c) = self.shared.cluster.clone() {
+            info!(
+                "cluster: replica {} sharing its routing state on Redis",
+                c.replica
+            );
+            tasks.push(tokio::spawn(crate::background::cluster::run(
+                self.shared.clone(),
+                c,
+                shutdown.clone(),
+            )));
+        }
         if let Some(o) = self.shared.otel.clone() {
             info!("tracing: spans exported to {}", o.url);
             tasks.push(tokio::spawn(o.run()));

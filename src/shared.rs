@@ -31,6 +31,11 @@ pub struct Shared {
     pub trace_spans: crate::otel::SpanCounters,
     /// The OpenTelemetry GenAI histograms (`gen_ai_*`), next to the `tokengate_*` families.
     pub genai: crate::genai_metrics::GenAiMetrics,
+    /// The replicas' shared state on Redis (`cluster:`, read at start); `None`: this
+    /// replica routes on its own.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// The cluster's metric families (registered with or without `cluster:`).
+    pub cluster_metrics: crate::cluster::ClusterMetrics,
 }
 
 impl Shared {
@@ -47,7 +52,17 @@ impl Shared {
             )),
             None => None,
         };
+        let cluster_metrics = crate::cluster::ClusterMetrics::new(metrics.registry());
+        let cluster = match cfg.cluster.as_ref() {
+            Some(c) => Some(
+                crate::cluster::Cluster::new(c, cluster_metrics.clone())
+                    .map_err(|e| ConfigErrors(vec![e]))?,
+            ),
+            None => None,
+        };
         Ok(Arc::new(Shared {
+            cluster,
+            cluster_metrics,
             otel,
             trace_spans,
             genai: crate::genai_metrics::GenAiMetrics::new(metrics.registry()),

@@ -247,6 +247,27 @@ fn registered_families() -> BTreeSet<String> {
 /// (`0` = the first instance / service / call).
 const PAGE: &[(&str, &str)] = &[
     ("tokengate_trace_spans_total", "/tracing/spans/exported"),
+    (
+        "tokengate_cluster_redis_calls_total",
+        "/cluster/redis_calls/ok",
+    ),
+    ("tokengate_cluster_degraded", "/cluster/degraded"),
+    (
+        "tokengate_cluster_redis_rtt_seconds",
+        "/cluster/rtt/mean_ms",
+    ),
+    (
+        "tokengate_cluster_events_applied_total",
+        "/cluster/events_applied/placed",
+    ),
+    (
+        "tokengate_cluster_local_fallbacks_total",
+        "/cluster/local_fallbacks/session",
+    ),
+    (
+        "tokengate_cluster_writes_dropped_total",
+        "/cluster/writes_dropped",
+    ),
     ("tokengate_requests_total", "/totals/requests"),
     (
         "tokengate_request_duration_seconds",

@@ -51,7 +51,11 @@ fn port(addr: &str) -> u16 {
 
 #[test]
 fn container_configs_are_valid_and_their_admin_listener_is_reachable() {
-    for rel in ["docker/tokengate.yaml", "docker/demo.yaml"] {
+    for rel in [
+        "docker/tokengate.yaml",
+        "docker/demo.yaml",
+        "docker/cluster.yaml",
+    ] {
         let c = config(&read(rel), rel);
         assert!(
             c.admin_listen.starts_with("0.0.0.0:"),
@@ -386,4 +390,54 @@ async fn instances_addressed_by_name_are_resolved() {
         assert_eq!(passed, ok, "{addr}");
         assert!(err.contains(want), "{addr}: {err}");
     }
+}
+
+#[test]
+fn the_cluster_deployments_share_state_on_their_redis() {
+    // Kubernetes: the overlay's config is the base's plus `cluster:` on the overlay's Redis
+    // Service, at 3 replicas.
+    let base = yaml("docker/k8s/configmap.yaml");
+    let over = yaml("docker/k8s-cluster/configmap.yaml");
+    let text = |v: &Value| v["data"]["tokengate.yaml"].as_str().unwrap().to_string();
+    let (b, o) = (
+        config(&text(&base), "k8s ConfigMap"),
+        config(&text(&over), "k8s-cluster ConfigMap"),
+    );
+    let c = o.cluster.as_ref().expect("k8s-cluster: cluster block");
+    assert!(b.cluster.is_none());
+    let mut without = serde_yaml_ng::from_str::<Value>(&text(&over)).unwrap();
+    without.as_mapping_mut().unwrap().remove("cluster");
+    assert_eq!(
+        without,
+        serde_yaml_ng::from_str::<Value>(&text(&base)).unwrap(),
+        "docker/k8s-cluster/configmap.yaml must be docker/k8s/configmap.yaml plus cluster:"
+    );
+    let redis = docs("docker/k8s-cluster/redis.yaml");
+    let svc = redis.iter().find(|d| d["kind"] == "Service").unwrap();
+    let name = svc["metadata"]["name"].as_str().unwrap();
+    let p = svc["spec"]["ports"][0]["port"].as_u64().unwrap();
+    assert_eq!(c.redis.url, format!("redis://{name}:{p}"));
+    assert_eq!(
+        yaml("docker/k8s-cluster/replicas.yaml")["spec"]["replicas"],
+        Value::from(3)
+    );
+    // Compose: three replicas of docker/cluster.yaml, its Redis URL the `redis` service,
+    // HAProxy's servers the replicas.
+    let compose = yaml("docker/compose.yaml");
+    let cfg = config(&read("docker/cluster.yaml"), "docker/cluster.yaml");
+    assert_eq!(
+        cfg.cluster.as_ref().unwrap().redis.url,
+        "redis://redis:6379"
+    );
+    let haproxy = read("docker/haproxy.cfg");
+    for r in ["tokengate-1", "tokengate-2", "tokengate-3"] {
+        let s = &compose["services"][r];
+        assert_eq!(
+            merged(s, "command")[2].as_str(),
+            Some("/etc/tokengate/cluster.yaml"),
+            "{r}"
+        );
+        assert!(haproxy.contains(&format!("server {r} {r}:8080")), "{r}");
+    }
+    assert!(compose["services"]["redis"].is_mapping());
 }

@@ -38,6 +38,12 @@ pub struct InstanceConfig {
     /// reports. The prefix index's self-correction allows for this rounding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_block_tokens: Option<u64>,
+    /// `addr` is a name with one engine per address (a Kubernetes headless Service, DNS
+    /// round-robin): one instance per address, id `<id>/<ip>`, added and removed as the
+    /// name's answer changes (re-resolved every `reload.resolve_every`). Off: the name stands
+    /// for one engine (its lowest address).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expand: bool,
 }
 
 /// An instance's part in a prefill/decode-disaggregated service.
@@ -78,6 +84,17 @@ impl InstanceConfig {
         }
         if let Err(e) = inst.addr.target() {
             errs.push(format!("{p}.addr: {e}"));
+        } else if inst.expand && !crate::resolve::is_name(&inst.addr) {
+            errs.push(format!(
+                "{p}.expand: {} is an address, not a name: there is nothing to expand (remove expand, or give a name with several addresses)",
+                inst.addr
+            ));
+        }
+        if inst.expand && inst.id.contains('/') {
+            errs.push(format!(
+                "{p}.id: {:?} must not contain '/' with expand (the instances are named <id>/<ip>)",
+                inst.id
+            ));
         }
         if let Some(k) = &inst.api_key {
             if let Err(e) = k.check() {

@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+mod cluster;
 mod decision;
 mod global;
 mod health;
@@ -36,6 +37,7 @@ mod timeouts;
 mod tracing;
 
 pub use crate::tls::TlsSettings;
+pub use cluster::{masked_url, ClusterSettings, RedisSettings};
 pub use decision::{DecisionSettings, ProviderConfig};
 pub use global::{EndpointUrl, GlobalSettings, MemberConfig};
 pub use health::{HealthCheckSettings, PassiveHealthSettings};
@@ -147,6 +149,10 @@ pub struct Config {
     /// OpenTelemetry traces exported over OTLP. Absent: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<TracingSettings>,
+    /// Several replicas sharing their routing state on Redis. Absent: one replica on its own.
+    /// Read at start (a change needs a restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterSettings>,
 }
 
 fn default_listen() -> Vec<String> {
@@ -221,6 +227,9 @@ impl Config {
         }
         if let Some(t) = &self.tracing {
             t.validate(&mut errs);
+        }
+        if let Some(c) = &self.cluster {
+            c.validate(&mut errs);
         }
         self.cost_model.validate(&mut errs);
         routes::validate(

@@ -18,6 +18,15 @@ pub struct ReloadSettings {
     /// next check.
     #[serde(default = "d_debounce", with = "humantime_serde")]
     pub debounce: Duration,
+    /// How often the names of instance addresses are looked up again: an instance whose
+    /// name moved, or an `expand` instance whose name has other addresses, reloads the
+    /// config. Read at start.
+    #[serde(default = "d_resolve_every", with = "humantime_serde")]
+    pub resolve_every: Duration,
+}
+
+fn d_resolve_every() -> Duration {
+    crate::resolve::RERESOLVE_EVERY
 }
 
 fn d_true() -> bool {
@@ -33,12 +42,21 @@ impl Default for ReloadSettings {
         ReloadSettings {
             watch: true,
             debounce: d_debounce(),
+            resolve_every: d_resolve_every(),
         }
     }
 }
 
 impl ReloadSettings {
     pub(super) fn validate(&self, errs: &mut Vec<String>) {
+        if self.resolve_every < Duration::from_millis(100)
+            || self.resolve_every > Duration::from_secs(3600)
+        {
+            errs.push(format!(
+                "reload.resolve_every: {} is outside 100ms..1h",
+                humantime::format_duration(self.resolve_every)
+            ));
+        }
         if self.debounce > Duration::from_secs(600) {
             errs.push(format!(
                 "reload.debounce: {} is longer than the 10m allowed (a change would wait that long to apply)",

@@ -131,6 +131,7 @@ pub fn attempt_failed(shared: &Shared, ctx: &mut Ctx, plan: &Plan, retried_statu
 /// corrected when the engine reported fewer cached tokens than the index predicted (the
 /// engine evicted the tail), then given the prompt again (the engine just computed it).
 fn learn(
+    shared: &Shared,
     leg: &LocalLeg,
     dispatched: Option<std::time::Instant>,
     plan: &Plan,
@@ -186,6 +187,7 @@ fn learn(
             let idx = &leg.service.index;
             idx.trim(&plan.blocks, leg.instance.key, keep);
             idx.insert(&plan.blocks, leg.instance.key, now);
+            super::cluster::trimmed(shared, plan, leg, keep);
         }
     }
 }
@@ -419,7 +421,7 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
             };
             feedback(&l, plan, &done, now);
             if outcome == Outcome::Completed {
-                learn(&l, dispatched, plan, ctx, u, now);
+                learn(shared, &l, dispatched, plan, ctx, u, now);
             }
             if dispatched.is_some() {
                 // Refresh the prompt's last use (the index keeps whole ticks: a request that

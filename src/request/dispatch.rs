@@ -146,7 +146,9 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                         s.pipeline.on_dispatch(&view, &l.cand);
                     }
                     l.service.index.insert(&plan.blocks, l.instance.key, now);
-                    bound_to_cache(&l.service.index, &l.instance, plan.runtime.block_tokens);
+                    super::cluster::dispatched(shared, plan, l);
+                    l.instance
+                        .bound_index(&l.service.index, plan.runtime.block_tokens);
                 }
                 if leg.role != LegRole::Main {
                     continue;
@@ -533,6 +535,8 @@ fn first_token(ctx: &mut Ctx) {
     }
     if let Some(l) = ctx.main_leg_mut().and_then(|l| l.local_mut()) {
         l.guard.first_token();
+        // The fleet-wide prefill slot goes back with the local one.
+        l.leases.retain(|x| !x.prefill);
     }
 }
 
@@ -618,24 +622,4 @@ pub fn response_body(
         }
     }
     Ok(None)
-}
-
-/// An instance with a known cache size (`cache_tokens`, or its engine's metrics) that the
-/// prefix index believes holds
-/// more loses its least recently used entries down to 95 % of it (the margin: the tree walk
-/// runs once per 5 % of the cache that turns over, not on every request).
-fn bound_to_cache(
-    index: &tokengate_plugins::PrefixIndex,
-    instance: &crate::runtime::Instance,
-    block_tokens: usize,
-) {
-    if let Some(cap) = instance.cache_blocks(block_tokens) {
-        if index.held_blocks(instance.key) > cap {
-            let removed = index.evict_instance_to(instance.key, cap - cap / 20);
-            debug!(
-                "prefix index: {} held more than its cache ({cap} blocks): {removed} least recently used blocks forgotten",
-                instance.id
-            );
-        }
-    }
 }

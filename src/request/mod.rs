@@ -19,6 +19,7 @@
 
 pub mod admit;
 pub mod attempt;
+pub mod cluster;
 pub mod complete;
 pub mod dispatch;
 pub mod global;
@@ -184,6 +185,8 @@ pub struct LocalLeg {
     pub queued_ahead: u64,
     /// This request's uncached prompt tokens there, as the index predicted them.
     pub uncached_tokens: u64,
+    /// Its fleet-wide throttling slots (`cluster:`), given back when dropped.
+    pub leases: Vec<crate::cluster::Lease>,
 }
 
 /// A leg to another gateway or an external API.

@@ -314,6 +314,7 @@ impl Ask<'_> {
                 label: None,
                 queued_ahead: cand.prefill_tokens,
                 uncached_tokens: uncached,
+                leases: Vec::new(),
             }),
         })
     }

@@ -11,7 +11,7 @@
 //! (the waiter leaves the queue; nothing was counted). A refusal may overflow to another
 //! region's gateway ([`super::global`]).
 
-use super::plan::{self, PickError};
+use super::plan::PickError;
 use super::{Leg, Plan};
 /// The legs of one attempt (the main leg first).
 pub type Legs = Vec<Leg>;
@@ -160,6 +160,8 @@ pub async fn take(
     plan: &Plan,
     tried: &[InstanceKey],
 ) -> Result<Result<Legs, Denied>> {
+    // The session's binding in the fleet, before the pipeline looks at it.
+    super::cluster::fetch_session(shared, plan, asker.headers()).await;
     // While requests wait for this service, a newcomer queues (behind them, or where its
     // class and its tenant's share put it).
     let waiting = match &plan.dest {
@@ -171,7 +173,7 @@ pub async fn take(
     };
     let throttle = match waiting {
         Some(t) => t,
-        None => match plan::pick(plan, asker.headers(), tried) {
+        None => match super::cluster::pick(shared, plan, asker.headers(), tried).await {
             Ok(leg) => return Ok(Ok(leg)),
             Err(PickError::Unavailable(e)) => return Ok(Err(Denied::unavailable(e))),
             Err(PickError::Throttled(t)) => t,
@@ -203,7 +205,7 @@ pub async fn take(
     let mut watch = matches!(asker, Asker::Client(_));
     loop {
         if ticket.is_head() {
-            match plan::pick(plan, asker.headers(), tried) {
+            match super::cluster::pick(shared, plan, asker.headers(), tried).await {
                 Ok(leg) => {
                     wait.with_label_values(&[&service])
                         .observe(queued_at.elapsed().as_secs_f64());

@@ -394,6 +394,23 @@ pub async fn run(shared: Arc<Shared>, mut stop: pingora::server::ShutdownWatch) 
 }
 
 /// The JSON behind the page (`GET /admin/status`); see the module docs.
+/// The cluster's state and counters (`off` without `cluster:`).
+fn cluster_view(shared: &Shared) -> Value {
+    let mut v = shared.cluster_metrics.view();
+    let s = shared
+        .cluster
+        .as_ref()
+        .map_or(json!({"state": "off", "summary": "cluster: off"}), |c| {
+            c.summary()
+        });
+    for k in ["state", "summary", "replica"] {
+        if let Some(x) = s.get(k) {
+            v[k] = x.clone();
+        }
+    }
+    v
+}
+
 pub fn status_json(shared: &Shared) -> Value {
     let rt = shared.runtime.load();
     let m = &shared.metrics;
@@ -633,6 +650,7 @@ pub fn status_json(shared: &Shared) -> Value {
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now,
         "uptime_ms": now.saturating_sub(shared.status.started_ms),
+        "cluster": cluster_view(shared),
         "interval_ms": SAMPLE_EVERY.as_millis() as u64,
         "totals": {
             "requests": requests,

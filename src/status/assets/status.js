@@ -189,6 +189,17 @@ function render(d) {
 
   document.getElementById("version").textContent = "v" + d.version;
   document.getElementById("uptime").textContent = fmtDuration(d.uptime_ms);
+  // Several replicas sharing state on Redis: "cluster: ok" or "cluster: degraded".
+  const cl = d.cluster;
+  document.getElementById("cluster").hidden = !cl || cl.state === "off";
+  if (cl && cl.state !== "off") {
+    const el = document.getElementById("cluster-state");
+    el.textContent = cl.summary;
+    el.title = `replica ${cl.replica}; Redis calls ${fmtInt(cl.redis_calls.ok)} ok, ${fmtInt(cl.redis_calls.error)} failed, ${fmtInt(cl.redis_calls.timeout)} timed out; ` +
+      `routing-path round trip ${cl.rtt.mean_ms.toFixed(2)} ms mean; events applied ${fmtInt(cl.events_applied.placed)} placed, ${fmtInt(cl.events_applied.released)} released; ` +
+      `local fallbacks ${fmtInt(cl.local_fallbacks.session + cl.local_fallbacks.lease)}`;
+    el.className = cl.state === "ok" ? "" : "bad-text";
+  }
 
   // KPIs
   const recentPts = hist.slice(-12); // the last minute

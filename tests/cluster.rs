@@ -1,0 +1,614 @@
+//! Several replicas that route as one (`cluster.redis`), through the real binary: three
+//! gateways on 127.0.0.1:0, one engine-sim fleet, a real `redis-server` started here on a
+//! free port. Without `redis-server` on the PATH the tests skip with a message, unless
+//! `TOKENGATE_REQUIRE_REDIS=1` (CI: `.ci/run`), where they fail.
+
+mod common;
+
+use common::*;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of the test's own, without persistence; killed on drop.
+struct Redis {
+    child: Option<Child>,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    /// `None` (the test skips) when `redis-server` is not installed and not required.
+    fn start() -> Option<Redis> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_err()
+        {
+            assert!(
+                std::env::var("TOKENGATE_REQUIRE_REDIS").as_deref() != Ok("1"),
+                "redis-server is required (TOKENGATE_REQUIRE_REDIS=1): install it with scripts/setup.sh (apt-get install redis-server)"
+            );
+            eprintln!("skipped: redis-server is not installed (scripts/setup.sh installs it)");
+            return None;
+        }
+        let mut r = Redis {
+            child: None,
+            port: 0,
+            _dir: tempfile::tempdir().unwrap(),
+        };
+        // A free port: bound by the OS, released, then taken by Redis (another port if some
+        // other process took it meanwhile).
+        for _ in 0..5 {
+            r.port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            if r.spawn() {
+                return Some(r);
+            }
+            r.kill();
+        }
+        panic!("redis-server did not start on any of 5 free ports");
+    }
+
+    /// Starts the server on its port; whether it answers PING within the deadline.
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+            ])
+            .arg(self._dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + DEADLINE;
+        while Instant::now() < deadline {
+            if self.ping() {
+                return true;
+            }
+            // Exited (its port taken): not up.
+            if self
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some())
+            {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20)); // ok-sleep: poll interval under a deadline
+        }
+        false
+    }
+
+    fn ping(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut buf = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills the server and starts a new, empty one on the same port.
+    fn restart_empty(&mut self) {
+        self.kill();
+        assert!(
+            self.spawn(),
+            "redis-server did not restart on {}",
+            self.port
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The `cluster:` block of a replica: a Redis timeout of 1 s, far above a loopback round trip,
+/// so that a busy CI machine does not make a replica degraded (and the tests' fleet-wide
+/// guarantees local only) by accident.
+fn cluster_yaml(redis: &Redis, name: &str, extra: &str) -> String {
+    format!(
+        "cluster:\n  replica: {name}\n  heartbeat: 200ms\n  lease: 2s\n  redis: {{url: \"{}\", key_prefix: t, timeout: 1s}}\n{extra}",
+        redis.url()
+    )
+}
+
+/// Three replicas of one config (their `cluster.replica` r1, r2, r3), each joined.
+async fn replicas(redis: &Redis, services: &str) -> Vec<GatewayProc> {
+    let gws: Vec<GatewayProc> = (1..=3)
+        .map(|i| {
+            GatewayProc::start(&format!(
+                "{}{services}",
+                cluster_yaml(redis, &format!("r{i}"), "")
+            ))
+        })
+        .collect();
+    for g in &gws {
+        eventually("every replica sees the three", || async {
+            let v = admin(g, "/admin/cluster").await;
+            v["state"] == "ok"
+                && v["replicas"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().filter(|r| r["health"] == "healthy").count() == 3)
+        })
+        .await;
+    }
+    gws
+}
+
+async fn admin(g: &GatewayProc, path: &str) -> serde_json::Value {
+    reqwest::get(g.admin_url(path))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn words(tag: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{tag}{i} ")).collect()
+}
+
+fn chat(prompt: &str, max_tokens: u32) -> serde_json::Value {
+    serde_json::json!({"model": "m", "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": prompt}]})
+}
+
+/// Sends a chat request; (status, instance header, cached tokens).
+async fn send(
+    c: &reqwest::Client,
+    g: &GatewayProc,
+    body: &serde_json::Value,
+    session: Option<&str>,
+) -> (u16, String, u64) {
+    let mut r = c.post(g.url("/v1/chat/completions")).json(body);
+    if let Some(s) = session {
+        r = r.header("x-session-id", s);
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status().as_u16();
+    let inst = r
+        .headers()
+        .get("x-tokengate-instance")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let v: serde_json::Value = r.json().await.unwrap_or_default();
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (status, inst, cached)
+}
+
+fn service(fleet: &[engine_sim::SimHandle], extra: &str) -> String {
+    format!("services:\n  - name: m\n{extra}{}", sim_instances(fleet))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_and_prefixes_are_shared_by_the_replicas() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = sims(3, "m", "e", 100.0).await;
+    let gws = replicas(&redis, &service(&fleet, "")).await;
+    let c = reqwest::Client::new();
+    // Twelve sessions of four turns, each turn through another replica and with a prompt
+    // that shares nothing with the previous turn's: only the shared binding keeps a session
+    // on its instance (a replica that did not see the first turn would balance it).
+    let mut homes = std::collections::BTreeSet::new();
+    for s in 0..12 {
+        let sid = format!("sess-{s}");
+        let mut first = None;
+        for turn in 0..4 {
+            let g = &gws[(s + turn) % 3];
+            let (st, inst, _) = send(
+                &c,
+                g,
+                &chat(&words(&format!("s{s}t{turn}w"), 40), 2),
+                Some(&sid),
+            )
+            .await;
+            assert_eq!(st, 200);
+            match &first {
+                None => first = Some(inst),
+                Some(f) => assert_eq!(&inst, f, "session {sid} turn {turn} left its instance"),
+            }
+        }
+        homes.extend(first);
+    }
+    // The sessions were spread, not all on one engine.
+    assert!(homes.len() >= 2, "every session on one instance: {homes:?}");
+
+    // A prefix routed through r1 is a hit through r2 once r2's index has it.
+    let long = words("shared-prefix-", 600);
+    let (st, holder, _) = send(&c, &gws[0], &chat(&long, 2), None).await;
+    assert_eq!(st, 200);
+    eventually("r2's index knows the placement made by r1", || async {
+        let v = gws[1].instances().await;
+        v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == holder.as_str() && i["cached_blocks"].as_u64().unwrap_or(0) >= 20)
+    })
+    .await;
+    let (st, inst, cached) = send(
+        &c,
+        &gws[1],
+        &chat(&format!("{long} and a new question"), 2),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        inst, holder,
+        "the prefix's next request through r2 went elsewhere"
+    );
+    assert!(
+        cached > 0,
+        "the engine found nothing of the prefix in its cache"
+    );
+    let m = gws[1].metrics().await;
+    assert!(
+        metric(
+            &m,
+            "tokengate_cluster_events_applied_total{kind=\"placed\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "r2 applied no placement: {m}"
+    );
+}
+
+async fn slow_sim(id: &str) -> engine_sim::SimHandle {
+    engine_sim::spawn_local(engine_sim::SimConfig {
+        id: id.into(),
+        model: "m".into(),
+        prefill_tps: 20_000.0,
+        time_scale: 1.0,
+        decode_step_ms: 5.0,
+        decode_per_req_ms: 0.0,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_limit_holds_for_the_fleet() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = vec![slow_sim("e1").await, slow_sim("e2").await];
+    let gws = replicas(
+        &redis,
+        &service(
+            &fleet,
+            "    throttling: {overflow: queue, total: 2, max_queue: 100, queue_timeout: 30s}\n",
+        ),
+    )
+    .await;
+    // 36 requests at once, 12 through each replica: each replica alone would let 2 run per
+    // engine, so 6 per engine without the fleet's leases.
+    let c = reqwest::Client::new();
+    let reqs: Vec<_> = (0..36)
+        .map(|i| {
+            let c = c.clone();
+            let url = gws[i % 3].url("/v1/chat/completions");
+            let b = chat(&words(&format!("r{i}x"), 200), 8);
+            tokio::spawn(async move { c.post(url).json(&b).send().await.unwrap().status() })
+        })
+        .collect();
+    for r in reqs {
+        assert_eq!(r.await.unwrap(), 200);
+    }
+    for e in &fleet {
+        let st = e.stats();
+        assert!(st.requests_finished > 0, "{} served nothing", e.id());
+        assert!(
+            st.max_running <= 2,
+            "{} ran {} requests at once; the fleet's limit is 2",
+            e.id(),
+            st.max_running
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_balances_on_the_fleets_load() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = vec![slow_sim("e1").await, slow_sim("e2").await];
+    let gws = replicas(
+        &redis,
+        &service(&fleet, "    load_balancing: least-request\n"),
+    )
+    .await;
+    // r1 holds one long stream on one engine...
+    let c = reqwest::Client::new();
+    let held = c
+        .post(gws[0].url("/v1/chat/completions"))
+        .json(
+            &serde_json::json!({"model": "m", "max_tokens": 100000, "stream": true,
+            "messages": [{"role": "user", "content": "hold"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    let busy = held.headers()["x-tokengate-instance"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    // ...which r2 learns...
+    eventually("r2 sees r1's request in flight", || async {
+        gws[1].instances().await["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == busy.as_str() && i["other_replicas"]["inflight_requests"] == 1)
+    })
+    .await;
+    // ...so its least-request balancing sends its own requests to the other engine (alone,
+    // r2 would see two idle engines and alternate).
+    for n in 0..4 {
+        let (st, inst, _) = send(&c, &gws[1], &chat(&format!("short {n}"), 1), None).await;
+        assert_eq!(st, 200);
+        assert_ne!(
+            inst, busy,
+            "r2 sent request {n} to the engine r1 keeps busy"
+        );
+    }
+    drop(held);
+    eventually("r1's request leaves r2's view", || async {
+        gws[1].instances().await["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["other_replicas"]["inflight_requests"] == 0)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_gives_its_slots_back_within_the_lease() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = vec![slow_sim("e1").await];
+    let mut gws = replicas(
+        &redis,
+        &service(
+            &fleet,
+            "    throttling: {overflow: queue, total: 1, max_queue: 10, queue_timeout: 20s}\n",
+        ),
+    )
+    .await;
+    // r3 holds the fleet's one slot with a long answer (in its decode phase)...
+    let c = reqwest::Client::new();
+    let hold = {
+        let c = c.clone();
+        let url = gws[2].url("/v1/chat/completions");
+        let b = serde_json::json!({"model": "m", "max_tokens": 100000, "stream": true,
+            "messages": [{"role": "user", "content": "hold"}]});
+        tokio::spawn(async move {
+            let r = c.post(url).json(&b).send().await;
+            // The stream ends when r3 dies; what it got does not matter.
+            if let Ok(r) = r {
+                let _ = r.bytes().await;
+            }
+        })
+    };
+    eventually("r3 holds the slot", || async {
+        admin(&gws[2], "/admin/cluster").await["leases_held"] == 1
+    })
+    .await;
+    // ...so r1's request queues behind the fleet's limit.
+    let waiting = {
+        let c = c.clone();
+        let url = gws[0].url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let r = c.post(url).json(&chat("after", 2)).send().await.unwrap();
+            (r.status().as_u16(), t.elapsed())
+        })
+    };
+    eventually("r1's request queued", || async {
+        gws[0].instances().await["throttles"][0]["queued"] == 1
+    })
+    .await;
+    // r3 dies without giving anything back: its lease expires (2 s), r1's request runs.
+    let killed_at = Instant::now();
+    let mut r3 = gws.pop().unwrap();
+    let _ = r3.child.kill();
+    let _ = r3.child.wait();
+    let (status, _) = waiting.await.unwrap();
+    assert_eq!(status, 200);
+    let took = killed_at.elapsed();
+    // Not before the lease could expire: the slot was the dead replica's until then.
+    assert!(
+        took >= Duration::from_millis(1000),
+        "r1's request ran {took:?} after r3 died: the slot was not held for the lease"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the dead replica's slot came back after {took:?} (lease 2s)"
+    );
+    hold.abort();
+    // r1 lists r3 as missing (3 heartbeats without one), then not at all (10).
+    eventually("r1 no longer lists r3 as healthy", || async {
+        let v = admin(&gws[0], "/admin/cluster").await;
+        !v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["replica"] == "r3" && r["health"] == "healthy")
+    })
+    .await;
+    eventually("r1 forgets r3", || async {
+        let v = admin(&gws[0], "/admin/cluster").await;
+        let list = v["replicas"].as_array().unwrap();
+        list.len() == 2 && !list.iter().any(|r| r["replica"] == "r3")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_under_load_fails_no_request() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let fleet = sims(2, "m", "e", 100.0).await;
+    let gws = replicas(
+        &redis,
+        &service(
+            &fleet,
+            "    throttling: {overflow: queue, total: 4, max_queue: 100, queue_timeout: 30s}\n",
+        ),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Six clients, 40 requests each, round-robin over the replicas, sessions included.
+    let load: Vec<_> = (0..6)
+        .map(|w| {
+            let c = c.clone();
+            let urls: Vec<String> = gws.iter().map(|g| g.url("/v1/chat/completions")).collect();
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                let mut bad = Vec::new();
+                for i in 0..40 {
+                    let r = c
+                        .post(&urls[(w + i) % 3])
+                        .header("x-session-id", format!("w{w}-{}", i / 5))
+                        .json(&chat(&words(&format!("w{w}i{i}"), 60), 2))
+                        .send()
+                        .await;
+                    match r {
+                        Ok(r) if r.status() == 200 => {}
+                        Ok(r) => bad.push(format!(
+                            "{}: {}",
+                            r.status(),
+                            r.text().await.unwrap_or_default()
+                        )),
+                        Err(e) => bad.push(e.to_string()),
+                    }
+                    sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                bad
+            })
+        })
+        .collect();
+    let at = |n: usize| {
+        let sent = sent.clone();
+        async move {
+            eventually(&format!("{n} requests sent"), || async {
+                sent.load(std::sync::atomic::Ordering::Relaxed) >= n
+            })
+            .await
+        }
+    };
+    at(40).await;
+    redis.kill();
+    for g in &gws {
+        eventually("the replica says cluster: degraded", || async {
+            g.instances().await["cluster"]["summary"] == "cluster: degraded"
+        })
+        .await;
+    }
+    at(120).await;
+    redis.restart_empty();
+    for g in &gws {
+        eventually("the replica is back on Redis", || async {
+            admin(g, "/admin/cluster").await["state"] == "ok"
+        })
+        .await;
+    }
+    let mut bad = Vec::new();
+    for l in load {
+        bad.extend(l.await.unwrap());
+    }
+    assert!(bad.is_empty(), "{} requests failed: {bad:?}", bad.len());
+    for g in &gws {
+        let m = g.metrics().await;
+        assert!(metric(&m, "tokengate_cluster_degraded").is_some_and(|v| v == 0.0));
+        let warned = g
+            .log_text()
+            .matches("routing on this replica's local state")
+            .count();
+        assert_eq!(warned, 1, "one warning per outage, got {warned}");
+    }
+}
+
+#[test]
+fn config_errors_name_the_yaml_path() {
+    let (ok, err) = check_yaml(
+        "cluster:\n  redis: {url: \"http://x\", timeout: 0s}\n  heartbeat: 1s\n  lease: 1s\nservices:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
+    );
+    assert!(!ok);
+    assert!(err.contains("cluster.redis.url"), "{err}");
+    assert!(err.contains("cluster.redis.timeout"), "{err}");
+    assert!(err.contains("cluster.lease"), "{err}");
+    let (ok, err) = check_yaml(
+        "cluster:\n  redis: {url: \"redis://:secret@127.0.0.1:6379\"}\nservices:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
+    );
+    assert!(ok, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cluster_nothing_is_shared() {
+    let fleet = sims(1, "m", "e", 100.0).await;
+    let g = GatewayProc::start(&service(&fleet, ""));
+    let v = admin(&g, "/admin/cluster").await;
+    assert_eq!(v["enabled"], false);
+    assert_eq!(g.instances().await["cluster"]["state"], "off");
+    let (st, _, _) = send(&reqwest::Client::new(), &g, &chat("hello", 2), Some("s")).await;
+    assert_eq!(st, 200);
+    // The families are there (dashboards), all zero: no Redis call was made.
+    let m = g.metrics().await;
+    let calls: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("tokengate_cluster_redis_calls_total{"))
+        .collect();
+    assert!(!calls.is_empty());
+    assert!(calls.iter().all(|l| l.ends_with(" 0")), "{calls:?}");
+    assert_eq!(metric(&m, "tokengate_cluster_degraded"), Some(0.0));
+    assert_eq!(admin(&g, "/admin/status").await["cluster"]["state"], "off");
+    // `cluster:` is read at start: a reload that adds it says so and changes nothing.
+    let cfg = std::fs::read_to_string(g.config_path()).unwrap();
+    std::fs::write(
+        g.config_path(),
+        format!("{cfg}cluster:\n  redis: {{url: \"redis://127.0.0.1:9\"}}\n"),
+    )
+    .unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &g.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    eventually("the reload warns that cluster needs a restart", || async {
+        g.log_text()
+            .contains("cluster changes take effect only after a restart")
+    })
+    .await;
+    assert_eq!(admin(&g, "/admin/cluster").await["enabled"], false);
+}
