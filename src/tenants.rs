@@ -151,9 +151,22 @@ pub struct Ticket {
     reserved_in: u64,
     reserved_out: u64,
     done: bool,
+    /// The tenant's in-flight slot is still held (released at the answer's end or at
+    /// settlement, whichever comes first, exactly once).
+    slot: bool,
 }
 
 impl Ticket {
+    /// Frees the tenant's in-flight slot now (the answer reached its end): a client that
+    /// sends its next request as soon as it has read this one's last byte finds the slot
+    /// free, though the request is settled (tokens, counters) only later, in `logging`.
+    pub fn release_slot(&mut self) {
+        if std::mem::replace(&mut self.slot, false) {
+            let mut c = self.tenant.state.inner.lock();
+            c.inflight = c.inflight.saturating_sub(1);
+        }
+    }
+
     /// The (input, output) tokens reserved at admission.
     pub fn reserved(&self) -> (u64, u64) {
         (self.reserved_in, self.reserved_out)
@@ -173,7 +186,9 @@ impl Ticket {
         let l = &self.tenant.limits;
         let mut guard = self.tenant.state.inner.lock();
         let c = &mut *guard;
-        c.inflight = c.inflight.saturating_sub(1);
+        if std::mem::replace(&mut self.slot, false) {
+            c.inflight = c.inflight.saturating_sub(1);
+        }
         for (b, limit, reserved, used) in [
             (
                 &mut c.input,
@@ -426,6 +441,7 @@ pub fn admit(tenant: &Arc<Tenant>, input: u64, output: u64) -> Result<Ticket, Re
         reserved_in: input,
         reserved_out: output,
         done: false,
+        slot: true,
     })
 }
 

@@ -348,6 +348,53 @@ async fn concurrency_comes_back_after_hang_ups_and_failures() {
     assert!(refused >= Some(3.0), "{m}");
 }
 
+/// A client at exactly its concurrency limit that sends its next request as soon as it has
+/// read the last byte of an answer is never refused: the slot is free before the answer's
+/// end leaves the gateway (not only once `logging` runs, a moment later). Each request goes
+/// on a new connection (a keep-alive connection would wait for `logging` anyway).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_request_right_after_an_answer_gets_the_slot() {
+    let e = sim("m", "e1", 50.0).await;
+    let yaml = format!(
+        "tenants:\n  - name: t\n    keys: [sk-t]\n    limits: {{concurrency: 1}}\nservices:\n{}",
+        service("m", &[("e1", e.addr)]),
+    );
+    let gw = GatewayProc::start(&yaml);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut refused = Vec::new();
+    for i in 0..120 {
+        let stream = i % 2 == 0;
+        let r = client
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth("sk-t")
+            .json(&chat("m", Some(2), stream))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = r.bytes().await.unwrap();
+        if status != 200 {
+            refused.push((i, status, String::from_utf8_lossy(&body).into_owned()));
+        } else if stream {
+            assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
+        }
+    }
+    assert!(refused.is_empty(), "refused at the limit: {refused:?}");
+    gw.wait_idle().await;
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tokengate_tenant_requests_total{model=\"m\",tenant=\"t\"}"
+        ),
+        Some(120.0),
+        "{m}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_keeps_the_counters_of_unchanged_tenants() {
     let e = sim("m", "e1", 50.0).await;

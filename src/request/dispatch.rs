@@ -566,6 +566,10 @@ pub fn response_body(
     }
     if end_of_stream {
         ctx.response.ended = true;
+        // The tenant's in-flight slot is free before the client can see the answer's end.
+        if let Some(t) = ctx.plan.as_mut().and_then(|p| p.ticket.as_mut()) {
+            t.release_slot();
+        }
     }
     if let Some(b) = body.as_ref() {
         if let Some(sse) = ctx.response.sse.as_mut() {
