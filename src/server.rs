@@ -212,7 +212,7 @@ impl BackgroundService for Acceptor {
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(self.shared.mirror.clone().run()));
-        if let Some(o) = self.shared.otel.clone() {
+        if let Some(o) = self.shared.otel.load_full() {
             info!("tracing: spans exported to {}", o.url);
             tasks.push(tokio::spawn(o.run()));
         }

@@ -652,7 +652,7 @@ pub fn status_json(shared: &Shared) -> Value {
         "mirror": mirror,
         // OpenTelemetry traces: the collector's URL (null: tracing off) and spans by outcome.
         "tracing": {
-            "endpoint": shared.otel.as_ref().map(|o| o.url.clone()),
+            "endpoint": shared.otel.load().as_ref().map(|o| o.url.clone()),
             "spans": shared.trace_spans.view(),
         },
         "reload": reload,
