@@ -502,6 +502,25 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_released_early_is_released_once() {
+        let t = tenant(TenantLimits {
+            concurrency: Some(2),
+            ..Default::default()
+        });
+        let mut a = admit(&t, 10, 100).unwrap();
+        let _b = admit(&t, 10, 100).unwrap();
+        a.release_slot();
+        assert_eq!(t.state.inflight(), 1, "freed when the answer ended");
+        a.release_slot();
+        let c = admit(&t, 10, 100).unwrap();
+        assert_eq!(admit(&t, 10, 100).unwrap_err().over, Over::Concurrency);
+        a.settle(10, 5); // settled later: the slot is not freed a second time
+        assert_eq!(t.state.inflight(), 2);
+        drop(c);
+        assert_eq!(t.state.inflight(), 1);
+    }
+
+    #[test]
     fn reset_text() {
         assert_eq!(duration_text(Duration::from_millis(250)), "250ms");
         assert_eq!(duration_text(Duration::from_millis(1500)), "1.5s");

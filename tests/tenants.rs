@@ -349,17 +349,25 @@ async fn concurrency_comes_back_after_hang_ups_and_failures() {
 }
 
 /// A client at exactly its concurrency limit that sends its next request as soon as it has
-/// read the last byte of an answer is never refused: the slot is free before the answer's
-/// end leaves the gateway (not only once `logging` runs, a moment later). Each request goes
-/// on a new connection (a keep-alive connection would wait for `logging` anyway).
+/// read the last byte of an answer is not refused: the slot is freed when the answer ends,
+/// before that byte leaves the gateway (it used to be freed in `logging`, a moment later —
+/// a window of microseconds here, which 120 tries did not hit with the old code). Each
+/// request goes on a new connection (a kept-alive one waits for `logging` anyway). A long
+/// stream holds the other slot throughout, so a slot freed twice (at the end and again at
+/// settlement) lets a third request in, and one never freed refuses the second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_request_right_after_an_answer_gets_the_slot() {
     let e = sim("m", "e1", 50.0).await;
     let yaml = format!(
-        "tenants:\n  - name: t\n    keys: [sk-t]\n    limits: {{concurrency: 1}}\nservices:\n{}",
+        "tenants:\n  - name: t\n    keys: [sk-t]\n    limits: {{concurrency: 2}}\nservices:\n{}",
         service("m", &[("e1", e.addr)]),
     );
     let gw = GatewayProc::start(&yaml);
+    let long = &[("x-sim-output-tokens", "100000")];
+    let held = post(&gw, "sk-t", &chat("m", None, true), long).await;
+    assert_eq!(held.status(), 200);
+    let mut held = held.bytes_stream();
+    held.next().await.unwrap().unwrap();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
@@ -383,6 +391,14 @@ async fn the_next_request_right_after_an_answer_gets_the_slot() {
         }
     }
     assert!(refused.is_empty(), "refused at the limit: {refused:?}");
+    // Exactly one slot is free now: a second long stream takes it, a third request is refused.
+    let second = post(&gw, "sk-t", &chat("m", None, true), long).await;
+    assert_eq!(second.status(), 200);
+    let mut second = second.bytes_stream();
+    second.next().await.unwrap().unwrap();
+    let r = post(&gw, "sk-t", &chat("m", Some(1), false), &[]).await;
+    assert_eq!(r.status(), 429, "a slot was freed twice");
+    drop((held, second));
     gw.wait_idle().await;
     let m = gw.metrics().await;
     assert_eq!(
@@ -390,7 +406,7 @@ async fn the_next_request_right_after_an_answer_gets_the_slot() {
             &m,
             "tokengate_tenant_requests_total{model=\"m\",tenant=\"t\"}"
         ),
-        Some(120.0),
+        Some(122.0),
         "{m}"
     );
 }
