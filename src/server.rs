@@ -133,11 +133,8 @@ where
     let mut carried: Option<pingora::apps::HttpPersistentSettings> = None;
     loop {
         // Bytes of the next request may already have been read with the previous one (a
-        // pipelined request, kept as the settings' prefix, which has no getter in Pingora
-        // 0.9: read from its `Debug`). Then it is not waited for: it has arrived.
-        let pipelined = carried
-            .as_ref()
-            .is_some_and(|c| !format!("{c:?}").contains("pipelined_prefix: None"));
+        // pipelined request, kept in the settings): then it is not waited for.
+        let pipelined = carried.as_ref().is_some_and(has_pipelined_prefix);
         if !pipelined && !request_begins(&mut stream, &shutdown, first).await {
             return;
         }
@@ -164,6 +161,36 @@ where
     }
 }
 
+/// Whether the settings carry bytes of a pipelined request. Pingora 0.9 has no getter for
+/// them: read from their `Debug` output, stopping at that field (no allocation; its earlier
+/// fields are a few numbers). Should the field not be found (another Pingora), the answer is
+/// yes: the request is then never waited for, which costs memory, never a stalled request.
+fn has_pipelined_prefix(c: &pingora::apps::HttpPersistentSettings) -> bool {
+    use std::fmt::Write;
+    #[derive(Default)]
+    struct Probe {
+        at_field: bool,
+        found: Option<bool>,
+    }
+    impl Write for Probe {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            if self.at_field {
+                let v = s.trim_start_matches(':').trim_start();
+                if v.is_empty() {
+                    return Ok(());
+                }
+                self.found = Some(v.starts_with("Some"));
+                return Err(std::fmt::Error); // enough read
+            }
+            self.at_field = s == "pipelined_prefix";
+            Ok(())
+        }
+    }
+    let mut p = Probe::default();
+    let _ = write!(p, "{c:?}");
+    p.found.unwrap_or(true)
+}
+
 /// Waits until the client sends the first byte of a request (left in the stream for
 /// Pingora to read); `false`: the client closed, stayed idle for [`IDLE`], or (between
 /// requests) the gateway is shutting down.
@@ -175,7 +202,9 @@ async fn request_begins(
     let mut byte = [0u8; 1];
     let mut stop = shutdown.clone();
     tokio::select! {
-        r = tokio::time::timeout(IDLE, stream.try_peek(&mut byte)) => matches!(r, Ok(Ok(_))),
+        r = pingora::prelude::fast_timeout::fast_timeout(IDLE, stream.try_peek(&mut byte)) => {
+            matches!(r, Ok(Ok(_)))
+        }
         _ = async {
             if first || stop.wait_for(|s| *s).await.is_err() {
                 std::future::pending::<()>().await;
@@ -390,4 +419,27 @@ pub fn run(
     svc.threads = Some(threads);
     server.add_service(svc);
     server.run_forever();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pipelined_prefix_is_seen_in_the_carried_settings() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (c, _) = tokio::join!(
+            tokio::net::TcpStream::connect(l.local_addr().unwrap()),
+            l.accept()
+        );
+        let stream: pingora::protocols::Stream = Box::new(crate::transport::Gathered::new(
+            pingora::protocols::l4::stream::Stream::from(c.unwrap()),
+        ));
+        let mut session = pingora::protocols::http::ServerSession::new_http1(stream);
+        session.set_keepalive(Some(60));
+        let mut c = pingora::apps::HttpPersistentSettings::for_session(&session);
+        assert!(!has_pipelined_prefix(&c), "{c:?}");
+        c.set_pipelined_prefix(bytes::BytesMut::from(&b"POST /v1/chat"[..]));
+        assert!(has_pipelined_prefix(&c), "{c:?}");
+    }
 }
