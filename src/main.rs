@@ -141,6 +141,7 @@ fn init_logging(configured: LogFormat) {
 }
 
 fn main() -> ExitCode {
+    tokengate::memory::no_huge_pages();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Check { config, print } => match Config::load(&config).and_then(|c| {

@@ -5,6 +5,32 @@
 //! cgroup v2 (`memory.max`), then cgroup v1 (`memory.limit_in_bytes`), then the host's
 //! `MemTotal` when unlimited; `memory_limit_bytes` overrides it.
 
+/// Turns transparent huge pages off for this process (Linux; elsewhere nothing).
+///
+/// mimalloc reserves its arenas in large aligned regions; where the kernel backs them with
+/// 2 MiB huge pages (THP `always`, or `madvise` with mimalloc's own `MADV_HUGEPAGE`, which
+/// the `no_thp` build feature removes), a huge page is resident as a whole as soon as one
+/// byte of it is touched, so every allocated byte counts: a 64 KiB body buffer of Pingora's
+/// of which a stream uses one page cost 64 KiB. Measured with 3,000 open streams
+/// (`bench/memory.sh`, bench/results/reliability.md): 114 KiB per stream with huge pages,
+/// 54 KiB without. The cost is more TLB misses on a heap of a few hundred MiB at most.
+/// Called first thing in `main`; returns whether the kernel took it (an old kernel or a
+/// seccomp profile may refuse: nothing else depends on it).
+pub fn no_huge_pages() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) takes integers only and changes
+        // no memory of ours (it sets a flag of the process's memory map).
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        r == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 /// Memory settings of the index (resolved defaults).

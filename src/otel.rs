@@ -1,7 +1,7 @@
 //! OpenTelemetry traces (`tracing:` in the config): one server span per request, a client
 //! span per upstream attempt, exported over OTLP/HTTP in the background.
 //!
-//! * **Off** (no `tracing:`): [`crate::shared::Shared::otel`] is `None`, a request's
+//! * **Off** (no `tracing:`): [`crate::shared::Shared::otel`] holds `None`, a request's
 //!   [`crate::request::Ctx::trace`] stays `None`; no span object is ever created.
 //! * **Spans**: the request's span (kind server) is started once the request is admitted
 //!   (its body parsed: a probe or a refused key makes none), at the request's arrival time,
@@ -22,6 +22,11 @@
 //!   spans or every [`FLUSH_EVERY`]) and posts each batch with the OTLP exporter, bounded
 //!   by `tracing.otlp.timeout`; a failed export drops its batch (counted). Nothing on the
 //!   request path waits for the collector.
+//!
+//! * **Reload**: a reload whose `tracing:` differs builds a new tracer and sender
+//!   ([`crate::shared::Shared::set_tracing`]); requests admitted from then on use it (new
+//!   endpoint, headers, `sample_ratio`); the old sender exports what its queue holds and
+//!   stops ([`Otel::close`]). Removing `tracing:` turns tracing off.
 //!
 //! Metrics: `tokengate_trace_spans_total{outcome="exported"|"dropped_queue_full"|"dropped_export_failed"}`.
 
@@ -125,6 +130,8 @@ pub struct Otel {
     /// Kept for the tracer's lifetime (the tracer holds a weak reference).
     _provider: SdkTracerProvider,
     sender: Mutex<Option<Sender>>,
+    /// Told when a reload replaced this tracer: the sender flushes and stops.
+    closing: tokio::sync::Notify,
     counters: SpanCounters,
     /// Where the spans go (for the start-up log line).
     pub url: String,
@@ -176,6 +183,7 @@ impl Otel {
             tracer,
             _provider: provider,
             sender: Mutex::new(Some(Sender { rx, exporter })),
+            closing: tokio::sync::Notify::new(),
             counters,
             url,
             settings_key: settings_key(s),
@@ -189,14 +197,36 @@ impl Otel {
             return;
         };
         let mut batch = Vec::with_capacity(MAX_BATCH);
+        let mut closing = false;
         loop {
-            let Some(first) = rx.recv().await else { return };
-            batch.push(first);
-            let deadline = tokio::time::Instant::now() + FLUSH_EVERY;
-            while batch.len() < MAX_BATCH {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(s)) => batch.push(s),
-                    Ok(None) | Err(_) => break,
+            if closing {
+                // Replaced by a reload: what the queue holds now is the last of it.
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(s) => batch.push(s),
+                        Err(_) => break,
+                    }
+                }
+                if batch.is_empty() {
+                    return;
+                }
+            } else {
+                tokio::select! {
+                    s = rx.recv() => match s {
+                        Some(s) => batch.push(s),
+                        None => return,
+                    },
+                    _ = self.closing.notified() => {
+                        closing = true;
+                        continue;
+                    }
+                }
+                let deadline = tokio::time::Instant::now() + FLUSH_EVERY;
+                while batch.len() < MAX_BATCH {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(s)) => batch.push(s),
+                        Ok(None) | Err(_) => break,
+                    }
                 }
             }
             let n = batch.len() as u64;
@@ -212,6 +242,11 @@ impl Otel {
                 }
             }
         }
+    }
+
+    /// A reload replaced this tracer: its sender exports what is queued and stops.
+    pub fn close(&self) {
+        self.closing.notify_one();
     }
 
     /// Starts a request's span: a child of the client's trace when its headers carry one.
@@ -302,6 +337,8 @@ pub struct Planned<'a> {
     pub stream: bool,
     /// The service or route it resolved to.
     pub dest: &'a str,
+    /// The tenant of the client's key (`tokengate.tenant`), when there is one.
+    pub tenant: Option<&'a str>,
 }
 
 /// What an upstream attempt is, for its span.
@@ -338,6 +375,9 @@ impl Trace {
         }
         s.set_attribute(KeyValue::new("tokengate.stream", p.stream));
         s.set_attribute(KeyValue::new("tokengate.service", p.dest.to_string()));
+        if let Some(t) = p.tenant {
+            s.set_attribute(KeyValue::new("tokengate.tenant", t.to_string()));
+        }
     }
 
     /// Admission to an instance took `wait` (a throttling queue), or was refused with

@@ -55,7 +55,7 @@ impl Gateway {
         let Some(admitted) = admit::admit(session, ctx, rt).await? else {
             return Ok(true);
         };
-        if let Some(o) = self.shared.otel.as_ref() {
+        if let Some(o) = self.shared.otel.load().as_ref() {
             let req = session.req_header();
             ctx.trace = Some(o.start(&req.headers, ctx.start, req.uri.path()));
         }
@@ -80,6 +80,7 @@ impl Gateway {
                 max_tokens: plan.info.max_tokens,
                 stream: plan.info.stream,
                 dest: plan.dest.name(),
+                tenant: ctx.tenant.as_ref().map(|t| t.name.as_str()),
             });
             if ctx.followers.len() > followers {
                 t.event("mirrored", Vec::new());

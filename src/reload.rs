@@ -211,9 +211,13 @@ impl Reloader {
                         "config reload: listen / admin_listen changes take effect only after a restart"
                     );
                 }
-                let tracing = cfg.tracing.as_ref().map(crate::otel::settings_key);
-                if tracing != self.shared.otel.as_ref().map(|o| o.settings_key.clone()) {
-                    warn!("config reload: tracing changes take effect only after a restart");
+                match self.shared.set_tracing(cfg.tracing.as_ref()) {
+                    Ok(true) => match self.shared.otel.load().as_ref() {
+                        Some(o) => info!("config reload: tracing: spans exported to {}", o.url),
+                        None => info!("config reload: tracing off"),
+                    },
+                    Ok(false) => {}
+                    Err(e) => warn!("config reload: tracing unchanged: {e}"),
                 }
                 let cluster = cfg.cluster.as_ref().map(crate::cluster::settings_key);
                 if cluster != self.shared.cluster.as_ref().map(|c| c.settings_key.clone()) {

@@ -25,8 +25,9 @@ pub struct Shared {
     /// Traffic mirroring: the sampler and the queue of copies (its settings are the
     /// runtime's, so a reload applies them).
     pub mirror: Arc<Mirror>,
-    /// OpenTelemetry traces (`tracing:`, read at start); `None`: off.
-    pub otel: Option<Arc<crate::otel::Otel>>,
+    /// OpenTelemetry traces (`tracing:`; a reload that changes it swaps it, [`Self::set_tracing`]);
+    /// `None`: off.
+    pub otel: arc_swap::ArcSwapOption<crate::otel::Otel>,
     /// Trace spans by outcome (registered with or without tracing).
     pub trace_spans: crate::otel::SpanCounters,
     /// The OpenTelemetry GenAI histograms (`gen_ai_*`), next to the `tokengate_*` families.
@@ -63,7 +64,7 @@ impl Shared {
         Ok(Arc::new(Shared {
             cluster,
             cluster_metrics,
-            otel,
+            otel: arc_swap::ArcSwapOption::new(otel),
             trace_spans,
             genai: crate::genai_metrics::GenAiMetrics::new(metrics.registry()),
             mirror,
@@ -78,6 +79,30 @@ impl Shared {
             generation: tokio::sync::watch::Sender::new(0),
             status: crate::status::recent::Board::new(),
         }))
+    }
+
+    /// Applies a reloaded `tracing:` block when it differs from the running one: a new
+    /// tracer and sender (spawned on the current runtime), the old sender flushed and
+    /// stopped; `None` turns tracing off. Requests already admitted keep their spans.
+    pub fn set_tracing(&self, s: Option<&crate::config::TracingSettings>) -> Result<bool, String> {
+        let key = s.map(crate::otel::settings_key);
+        if key == self.otel.load().as_ref().map(|o| o.settings_key.clone()) {
+            return Ok(false);
+        }
+        let new = match s {
+            Some(s) => {
+                let o = Arc::new(crate::otel::Otel::new(s, self.trace_spans.clone())?);
+                let handle = tokio::runtime::Handle::try_current()
+                    .map_err(|_| "tracing: no runtime to run the span sender on".to_string())?;
+                handle.spawn(o.clone().run());
+                Some(o)
+            }
+            None => None,
+        };
+        if let Some(old) = self.otel.swap(new) {
+            old.close();
+        }
+        Ok(true)
     }
 
     /// Swaps in a reloaded runtime and tells the background loops.

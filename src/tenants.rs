@@ -151,9 +151,22 @@ pub struct Ticket {
     reserved_in: u64,
     reserved_out: u64,
     done: bool,
+    /// The tenant's in-flight slot is still held (released at the answer's end or at
+    /// settlement, whichever comes first, exactly once).
+    slot: bool,
 }
 
 impl Ticket {
+    /// Frees the tenant's in-flight slot now (the answer reached its end): a client that
+    /// sends its next request as soon as it has read this one's last byte finds the slot
+    /// free, though the request is settled (tokens, counters) only later, in `logging`.
+    pub fn release_slot(&mut self) {
+        if std::mem::replace(&mut self.slot, false) {
+            let mut c = self.tenant.state.inner.lock();
+            c.inflight = c.inflight.saturating_sub(1);
+        }
+    }
+
     /// The (input, output) tokens reserved at admission.
     pub fn reserved(&self) -> (u64, u64) {
         (self.reserved_in, self.reserved_out)
@@ -173,7 +186,9 @@ impl Ticket {
         let l = &self.tenant.limits;
         let mut guard = self.tenant.state.inner.lock();
         let c = &mut *guard;
-        c.inflight = c.inflight.saturating_sub(1);
+        if std::mem::replace(&mut self.slot, false) {
+            c.inflight = c.inflight.saturating_sub(1);
+        }
         for (b, limit, reserved, used) in [
             (
                 &mut c.input,
@@ -426,6 +441,7 @@ pub fn admit(tenant: &Arc<Tenant>, input: u64, output: u64) -> Result<Ticket, Re
         reserved_in: input,
         reserved_out: output,
         done: false,
+        slot: true,
     })
 }
 
@@ -483,6 +499,25 @@ mod tests {
         let r = admit(&t, 10, 200).unwrap_err();
         assert_eq!(r.over, Over::OutputTokens);
         assert!(r.retry_after >= Duration::from_secs(5), "{r:?}");
+    }
+
+    #[test]
+    fn a_slot_released_early_is_released_once() {
+        let t = tenant(TenantLimits {
+            concurrency: Some(2),
+            ..Default::default()
+        });
+        let mut a = admit(&t, 10, 100).unwrap();
+        let _b = admit(&t, 10, 100).unwrap();
+        a.release_slot();
+        assert_eq!(t.state.inflight(), 1, "freed when the answer ended");
+        a.release_slot();
+        let c = admit(&t, 10, 100).unwrap();
+        assert_eq!(admit(&t, 10, 100).unwrap_err().over, Over::Concurrency);
+        a.settle(10, 5); // settled later: the slot is not freed a second time
+        assert_eq!(t.state.inflight(), 2);
+        drop(c);
+        assert_eq!(t.state.inflight(), 1);
     }
 
     #[test]

@@ -70,7 +70,16 @@ pub struct Gathered {
     /// The request-head limits and `tokengate_protocol_errors_total`; `None`: no limits
     /// (a plain gathering stream).
     head_limit: Option<(Duration, prometheus::IntCounterVec)>,
+    /// Bytes read by [`Peek::try_peek`] (the first read of a request, while the connection
+    /// waits for it: `crate::server`) and not yet read by Pingora; `pending_at` of them
+    /// were.
+    pending: Vec<u8>,
+    pending_at: usize,
 }
+
+/// The most [`Peek::try_peek`] reads at once: about a request head (Pingora's own first
+/// read of a head is 4 KiB too).
+pub const PEEK_READ: usize = 4096;
 
 /// Where the connection is in reading a request head.
 #[derive(Debug)]
@@ -173,6 +182,8 @@ impl Gathered {
             sent: 0,
             head: Head::Idle,
             head_limit: None,
+            pending: Vec::new(),
+            pending_at: 0,
         }
     }
 
@@ -300,6 +311,22 @@ impl Gathered {
         }
     }
 
+    /// Reads from what [`Peek::try_peek`] read first, else from the socket.
+    fn poll_source(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.pending_at < self.pending.len() {
+            let rest = &self.pending[self.pending_at..];
+            let k = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..k]);
+            self.pending_at += k;
+            if self.pending_at == self.pending.len() {
+                self.pending = Vec::new();
+                self.pending_at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+
     /// Hands the buffered bytes to the socket; `Ready(Ok)` once all of them were written.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.sent < self.buf.len() {
@@ -327,13 +354,13 @@ impl AsyncRead for Gathered {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.head_limit.is_none() {
-            return Pin::new(&mut this.inner).poll_read(cx, buf);
+            return this.poll_source(cx, buf);
         }
         if matches!(this.head, Head::Expired) {
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+        match this.poll_source(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if let Head::Reading { deadline, .. } = &this.head {
                     if deadline.is_elapsed() {
@@ -439,8 +466,32 @@ impl Ssl for Gathered {}
 
 #[async_trait]
 impl Peek for Gathered {
+    /// Waits for the client's next bytes and reads what has arrived (at most [`PEEK_READ`]),
+    /// kept for the reads that follow; copies their start into `buf` (fewer bytes than
+    /// `buf` holds when fewer came). The waiting connection holds no buffer of ours until
+    /// bytes arrive (the read goes to a buffer on the stack, then to one of the exact size),
+    /// and the read is the one Pingora would have made: no extra system call per request.
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
-        self.inner.try_peek(buf).await
+        if self.pending_at >= self.pending.len() {
+            let inner = &mut self.inner;
+            let got = std::future::poll_fn(|cx| {
+                // On the stack of this poll only: a connection waiting here holds no buffer.
+                let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); PEEK_READ];
+                let mut rb = ReadBuf::uninit(&mut tmp);
+                ready!(Pin::new(&mut *inner).poll_read(cx, &mut rb))?;
+                Poll::Ready(Ok::<_, io::Error>(rb.filled().to_vec()))
+            })
+            .await?;
+            if got.is_empty() {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            self.pending = got;
+            self.pending_at = 0;
+        }
+        let rest = &self.pending[self.pending_at..];
+        let k = rest.len().min(buf.len());
+        buf[..k].copy_from_slice(&rest[..k]);
+        Ok(true)
     }
 }
 

@@ -585,3 +585,119 @@ async fn status_page_renders_live_numbers_in_headless_chromium() {
     );
     eprintln!("status page screenshot: {}", shot.display());
 }
+
+/// The status page's top tenants: `/admin/status` lists the tenants by the tokens they
+/// were charged (the `tokengate_tenant_tokens_total` counters), with requests, refusals and
+/// requests in flight; the page renders them in that order (in Chromium when installed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_tenants_by_tokens_in_the_status_json_and_on_the_page() {
+    let sims = common::sims(1, "m", "e", 50.0).await;
+    let gw = GatewayProc::start(&format!(
+        "health_check: {{ enabled: false }}\ntenants:\n  - name: idle\n    keys: [sk-idle]\n  - name: light\n    keys: [sk-light]\n    priority: interactive\n  - name: heavy\n    keys: [sk-heavy]\n    priority: batch\n    models: [m]\n    limits: {{concurrency: 8}}\nservices:\n  - name: m\n    instances:\n      - {{ id: e1, addr: \"{}\" }}\n",
+        sims[0].addr
+    ));
+    let post = |key: &'static str, model: &'static str, max_tokens: u64| {
+        let url = gw.url("/v1/chat/completions");
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(key)
+                .json(
+                    &serde_json::json!({"model": model, "max_tokens": max_tokens,
+                    "messages": [{"role": "user", "content": "hello there, tell me more"}]}),
+                )
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            r.bytes().await.unwrap();
+            status
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(post("sk-heavy", "m", 40).await, 200);
+    }
+    assert_eq!(post("sk-light", "m", 3).await, 200);
+    assert_eq!(
+        post("sk-heavy", "other", 3).await,
+        403,
+        "outside its models"
+    );
+    gw.wait_idle().await;
+    let status: serde_json::Value = reqwest::get(gw.admin_url("/admin/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let top = status["top_tenants"].as_array().unwrap().clone();
+    let names: Vec<&str> = top.iter().map(|t| t["tenant"].as_str().unwrap()).collect();
+    assert_eq!(names, ["heavy", "light", "idle"], "{top:#?}");
+    let metrics = gw.metrics().await;
+    for t in &top {
+        let name = t["tenant"].as_str().unwrap();
+        let counted = |kind: &str| {
+            common::metric(
+                &metrics,
+                &format!("tokengate_tenant_tokens_total{{kind=\"{kind}\",model=\"m\",tenant=\"{name}\"}}"),
+            )
+            .unwrap_or(0.0) as u64
+        };
+        assert_eq!(t["input_tokens"].as_u64(), Some(counted("input")), "{t}");
+        assert_eq!(t["output_tokens"].as_u64(), Some(counted("output")), "{t}");
+        assert_eq!(
+            t["tokens"].as_u64(),
+            Some(counted("input") + counted("output"))
+        );
+        assert_eq!(t["inflight"], 0, "{t}");
+    }
+    assert_eq!(top[0]["output_tokens"], 120, "3 answers of 40 tokens");
+    assert_eq!(top[0]["requests"], 3);
+    assert_eq!(top[0]["rejections"], 1);
+    assert_eq!(top[0]["priority"], "batch");
+    assert_eq!(top[1]["output_tokens"], 3);
+    assert_eq!(top[2]["tokens"], 0);
+
+    let Some(bin) = chromium() else {
+        eprintln!("SKIPPED the page half of the top-tenants test: no chromium on PATH");
+        return;
+    };
+    let url = gw.admin_url("/");
+    let dom = tokio::task::spawn_blocking(move || {
+        run_chromium(
+            &bin,
+            &[
+                "--window-size=1280,800".into(),
+                "--virtual-time-budget=5000".into(),
+                "--dump-dom".into(),
+                url,
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        dom.contains("id=\"tenants-card\">"),
+        "the tenants card is shown:\n{dom}"
+    );
+    let rows: Vec<usize> = ["heavy", "light", "idle"]
+        .iter()
+        .map(|n| dom.find(&format!("data-tenant=\"{n}\"")).expect(n))
+        .collect();
+    assert!(rows[0] < rows[1] && rows[1] < rows[2], "in order of tokens");
+    for t in &top {
+        let row = format!("data-tenant=\"{}\"", t["tenant"].as_str().unwrap());
+        for (field, key) in [
+            ("tokens", "tokens"),
+            ("output", "output_tokens"),
+            ("requests", "requests"),
+            ("refused", "rejections"),
+        ] {
+            assert_eq!(
+                cell(&dom, &row, &format!("data-field=\"{field}\"")),
+                Some(fmt_int(t[key].as_u64().unwrap()).as_str()),
+                "{row} {field}"
+            );
+        }
+    }
+}

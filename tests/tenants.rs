@@ -348,6 +348,69 @@ async fn concurrency_comes_back_after_hang_ups_and_failures() {
     assert!(refused >= Some(3.0), "{m}");
 }
 
+/// A client at exactly its concurrency limit that sends its next request as soon as it has
+/// read the last byte of an answer is not refused: the slot is freed when the answer ends,
+/// before that byte leaves the gateway (it used to be freed in `logging`, a moment later —
+/// a window of microseconds here, which 120 tries did not hit with the old code). Each
+/// request goes on a new connection (a kept-alive one waits for `logging` anyway). A long
+/// stream holds the other slot throughout, so a slot freed twice (at the end and again at
+/// settlement) lets a third request in, and one never freed refuses the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_request_right_after_an_answer_gets_the_slot() {
+    let e = sim("m", "e1", 50.0).await;
+    let yaml = format!(
+        "tenants:\n  - name: t\n    keys: [sk-t]\n    limits: {{concurrency: 2}}\nservices:\n{}",
+        service("m", &[("e1", e.addr)]),
+    );
+    let gw = GatewayProc::start(&yaml);
+    let long = &[("x-sim-output-tokens", "100000")];
+    let held = post(&gw, "sk-t", &chat("m", None, true), long).await;
+    assert_eq!(held.status(), 200);
+    let mut held = held.bytes_stream();
+    held.next().await.unwrap().unwrap();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut refused = Vec::new();
+    for i in 0..120 {
+        let stream = i % 2 == 0;
+        let r = client
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth("sk-t")
+            .json(&chat("m", Some(2), stream))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = r.bytes().await.unwrap();
+        if status != 200 {
+            refused.push((i, status, String::from_utf8_lossy(&body).into_owned()));
+        } else if stream {
+            assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
+        }
+    }
+    assert!(refused.is_empty(), "refused at the limit: {refused:?}");
+    // Exactly one slot is free now: a second long stream takes it, a third request is refused.
+    let second = post(&gw, "sk-t", &chat("m", None, true), long).await;
+    assert_eq!(second.status(), 200);
+    let mut second = second.bytes_stream();
+    second.next().await.unwrap().unwrap();
+    let r = post(&gw, "sk-t", &chat("m", Some(1), false), &[]).await;
+    assert_eq!(r.status(), 429, "a slot was freed twice");
+    drop((held, second));
+    gw.wait_idle().await;
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tokengate_tenant_requests_total{model=\"m\",tenant=\"t\"}"
+        ),
+        Some(122.0),
+        "{m}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_keeps_the_counters_of_unchanged_tenants() {
     let e = sim("m", "e1", 50.0).await;

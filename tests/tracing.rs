@@ -262,6 +262,7 @@ async fn a_streamed_chat_is_one_server_span_with_genai_attributes_and_an_attempt
     assert_eq!(int_attr(a, "http.response.status_code"), Some(200));
     assert_eq!(str_attr(a, "tokengate.service").as_deref(), Some("m"));
     assert_eq!(str_attr(a, "tokengate.instance").as_deref(), Some("e1"));
+    assert!(str_attr(a, "tokengate.tenant").is_none(), "no tenants here");
     assert!(str_attr(a, "tokengate.reason").is_some_and(|r| !r.is_empty()));
     assert!(int_attr(a, "tokengate.prefix.predicted_tokens").is_some());
     assert!(attr(a, "tokengate.queue_wait_ms").is_some());
@@ -329,6 +330,137 @@ async fn a_streamed_chat_is_one_server_span_with_genai_attributes_and_an_attempt
         Some(format!("00-{client_trace}-{}-01", hex(&attempt.span_id)).as_str())
     );
     assert_eq!(last.header("tracestate"), Some("vendor=abc"));
+}
+
+/// A request of a tenant's key names its tenant on its span (`tokengate.tenant`); one of
+/// the global `api_keys` is the implicit tenant `default`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_request_span_names_its_tenant() {
+    let col = Collector::start().await;
+    let engine = Mock::recording().await;
+    let gw = GatewayProc::start(&format!(
+        "{}api_keys: [sk-global]\ntenants:\n  - name: search-team\n    keys: [sk-search]\nservices:\n{}",
+        tracing_block(col.addr, 1.0),
+        service("m", &[("e1", engine.addr)])
+    ));
+    for (key, trace, tenant) in [
+        (
+            "sk-search",
+            "4bf92f3577b34da6a3ce929d0e0e0001",
+            "search-team",
+        ),
+        ("sk-global", "4bf92f3577b34da6a3ce929d0e0e0002", "default"),
+    ] {
+        let r = reqwest::Client::new()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .header("x-mock", "sse")
+            .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+            .body(chat_body("m", 200, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        let spans = col.wait_trace(trace, 2).await;
+        let server = spans.iter().find(|s| s.kind == SERVER).unwrap();
+        assert_eq!(
+            str_attr(&server.attributes, "tokengate.tenant").as_deref(),
+            Some(tenant),
+            "{server:#?}"
+        );
+    }
+}
+
+/// A reload applies a changed `tracing:` block to the requests admitted after it: another
+/// collector and `sample_ratio` 0 → 1, then no block (tracing off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_changed_tracing_settings() {
+    let first = Collector::start().await;
+    let second = Collector::start().await;
+    let engine = Mock::recording().await;
+    let services = format!("services:\n{}", service("m", &[("e1", engine.addr)]));
+    let gw = GatewayProc::start(&format!("{}{services}", tracing_block(first.addr, 0.0)));
+    let cfg = gw.config_path();
+    let header = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .split("tracing:")
+        .next()
+        .unwrap()
+        .to_string();
+    let last_traceparent = || {
+        engine
+            .seen()
+            .last()
+            .unwrap()
+            .header("traceparent")
+            .map(str::to_string)
+    };
+    let reloads = |n: u32| {
+        let gw = &gw;
+        async move {
+            eventually(&format!("reload {n} applied"), || async {
+                metric(
+                    &gw.metrics().await,
+                    "tokengate_config_reloads_total{result=\"ok\"}",
+                ) == Some(f64::from(n))
+            })
+            .await
+        }
+    };
+    // Ratio 0: the engine gets an unsampled traceparent.
+    stream_chat(&gw, None).await.bytes().await.unwrap();
+    assert!(last_traceparent().unwrap().ends_with("-00"));
+
+    // To the second collector at ratio 1.
+    std::fs::write(
+        &cfg,
+        format!("{header}{}{services}", tracing_block(second.addr, 1.0)),
+    )
+    .unwrap();
+    reloads(1).await;
+    stream_chat(&gw, None).await.bytes().await.unwrap();
+    let tp = last_traceparent().unwrap();
+    assert!(tp.ends_with("-01"), "sampled after the reload: {tp}");
+    let trace = tp.split('-').nth(1).unwrap().to_string();
+    let spans = second.wait_trace(&trace, 2).await;
+    assert!(spans.iter().any(|s| s.kind == SERVER && s.name == "chat m"));
+    assert!(
+        first.spans().is_empty(),
+        "nothing went to the old collector"
+    );
+    let status: serde_json::Value = reqwest::get(gw.admin_url("/admin/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        status["tracing"]["endpoint"]
+            .as_str()
+            .is_some_and(|e| e.contains(&second.addr.to_string())),
+        "{}",
+        status["tracing"]
+    );
+
+    // No block: tracing off, no traceparent to the engine, nothing exported.
+    std::fs::write(&cfg, format!("{header}{services}")).unwrap();
+    reloads(2).await;
+    stream_chat(&gw, None).await.bytes().await.unwrap();
+    assert_eq!(last_traceparent(), None);
+    let status: serde_json::Value = reqwest::get(gw.admin_url("/admin/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        status["tracing"]["endpoint"].is_null(),
+        "{}",
+        status["tracing"]
+    );
+    assert_eq!(second.spans().len(), 2, "only the sampled request's spans");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -527,22 +659,6 @@ async fn sample_ratio_zero_exports_nothing_but_a_sampled_client_trace() {
     let all = col.spans();
     assert_eq!(all.len(), 2, "only the sampled client trace: {all:#?}");
     assert!(all.iter().all(|s| hex(&s.trace_id) == client_trace));
-
-    // `tracing:` is read at start: a reload that changes it says so.
-    let path = gw.config_path();
-    let text = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(&path, text.replace("sample_ratio: 0", "sample_ratio: 0.5")).unwrap();
-    let hup = std::process::Command::new("kill")
-        .args(["-HUP", &gw.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(hup.success());
-    eventually("the reload's tracing warning", || {
-        let log = gw.log_text();
-        async move { log.contains("tracing changes take effect only after a restart") }
-    })
-    .await;
-    // (The file watcher may apply the same change once more: no count of reloads here.)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

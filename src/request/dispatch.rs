@@ -558,6 +558,14 @@ pub fn response_body(
             }
         }
     }
+    if (ctx.body.is_some() || ctx.attempt.sent.is_some())
+        && body.as_ref().is_some_and(|b| !b.is_empty())
+    {
+        // The answer has begun: no attempt follows, so the body kept to replay on another
+        // instance goes (a long prompt would otherwise stay for the stream's whole life).
+        ctx.body = None;
+        ctx.attempt.sent = None;
+    }
     if body.as_ref().is_some_and(|b| !b.is_empty()) && ctx.upstream.is_some() {
         // The gaps between chunks: about one engine step ([`super::linger`]).
         let now = Instant::now();
@@ -570,6 +578,10 @@ pub fn response_body(
     }
     if end_of_stream {
         ctx.response.ended = true;
+        // The tenant's in-flight slot is free before the client can see the answer's end.
+        if let Some(t) = ctx.plan.as_mut().and_then(|p| p.ticket.as_mut()) {
+            t.release_slot();
+        }
     }
     if let Some(b) = body.as_ref() {
         if let Some(sse) = ctx.response.sse.as_mut() {

@@ -96,6 +96,10 @@ pub async fn plan(
         _ => (None, None),
     };
     let blocks = block_hashes(info.prompt.as_bytes(), rt.block_bytes);
+    // The rendered prompt has served (blocks, the decision service): nothing reads it
+    // later, and a stream would hold it (about the body's size) for as long as it runs.
+    let mut info = info;
+    info.prompt = String::new();
     let plan = Plan {
         api,
         forward_auth: rt.tenants.is_empty(),

@@ -284,6 +284,47 @@ fn throttle_json(
     })
 }
 
+/// The tenants that used the most tokens since start (`tokengate_tenant_*` counters, over
+/// every model), at most [`TOP_TENANTS`], with the requests in flight now (their
+/// concurrency slots) and their refusals. Tenants of the current config only, in order of
+/// tokens (input + output), then name.
+pub const TOP_TENANTS: usize = 10;
+
+fn top_tenants(shared: &Shared, rt: &crate::runtime::Runtime) -> Value {
+    let t = &shared.metrics.tenants;
+    let tokens = rows(&t.tokens);
+    let requests = sum_all_by(&rows(&t.requests), "tenant");
+    let refused = sum_all_by(&rows(&t.rejections), "tenant");
+    let mut top: Vec<Value> = rt
+        .tenants
+        .list()
+        .iter()
+        .map(|x| {
+            let kinds = sum_by(&tokens, "tenant", &x.name, "kind");
+            let input = kinds.get("input").copied().unwrap_or(0.0) as u64;
+            let output = kinds.get("output").copied().unwrap_or(0.0) as u64;
+            json!({
+                "tenant": x.name,
+                "priority": x.priority,
+                "tokens": input + output,
+                "input_tokens": input,
+                "output_tokens": output,
+                "requests": requests.get(&x.name).copied().unwrap_or(0.0) as u64,
+                "rejections": refused.get(&x.name).copied().unwrap_or(0.0) as u64,
+                "inflight": x.state.inflight(),
+            })
+        })
+        .collect();
+    top.sort_by(|a, b| {
+        b["tokens"]
+            .as_u64()
+            .cmp(&a["tokens"].as_u64())
+            .then_with(|| a["tenant"].as_str().cmp(&b["tenant"].as_str()))
+    });
+    top.truncate(TOP_TENANTS);
+    Value::Array(top)
+}
+
 /// `tokengate_queue_wait_by_class_seconds` per class: `{count, mean_ms}`, every class listed.
 fn queue_wait_by_class(shared: &Shared) -> Value {
     let mut by: BTreeMap<String, (u64, f64)> = ["interactive", "default", "batch"]
@@ -668,9 +709,11 @@ pub fn status_json(shared: &Shared) -> Value {
         "global": global,
         "split": split,
         "mirror": mirror,
+        // The tenants that used the most tokens (empty without `tenants:` / `api_keys`).
+        "top_tenants": top_tenants(shared, &rt),
         // OpenTelemetry traces: the collector's URL (null: tracing off) and spans by outcome.
         "tracing": {
-            "endpoint": shared.otel.as_ref().map(|o| o.url.clone()),
+            "endpoint": shared.otel.load().as_ref().map(|o| o.url.clone()),
             "spans": shared.trace_spans.view(),
         },
         "reload": reload,

@@ -256,6 +256,7 @@ function render(d) {
   renderBars("decisions", calls, "");
   renderGlobal(d.global);
   renderSplit(d.split);
+  renderTenants(d.top_tenants);
   renderMirror(d.mirror);
   renderTracing(d.tracing);
   renderConfig(d, wallOffset);
@@ -434,6 +435,18 @@ function renderSplit(sp) {
       !e.enabled ? h("span", { class: "badge down" }, "off")
         : e.available ? null : h("span", { class: "badge down" }, "unresolved")),
     num("ok", e.outcomes.ok), num("refused", e.outcomes.refused), num("error", e.outcomes.error, true), num("cancelled", e.outcomes.cancelled))));
+}
+
+// The tenants that used the most tokens since start, with their in-flight requests and
+// refusals (shown when tenants or api_keys are configured).
+function renderTenants(top) {
+  const list = top || [];
+  document.getElementById("tenants-card").hidden = list.length === 0;
+  const num = (field, v, bad) => h("td", { class: "num" + (v === 0 ? " zero" : bad ? " errs" : ""), "data-field": field }, fmtInt(v));
+  document.querySelector("#tenants tbody").replaceChildren(...list.map(t => h("tr", { "data-tenant": t.tenant },
+    h("td", { class: "id", title: `${t.tenant} · ${t.priority}` }, t.tenant, h("div", { class: "addr" }, t.priority)),
+    num("tokens", t.tokens), num("input", t.input_tokens), num("output", t.output_tokens),
+    num("requests", t.requests), num("inflight", t.inflight), num("refused", t.rejections, true))));
 }
 
 // Traffic mirroring: where the copies go, what became of them, the queue and the answered
