@@ -13,41 +13,13 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5s}
 BIN=target/release/tokengate
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 for t in wrk redis-server; do command -v $t >/dev/null || { echo "$t missing" >&2; exit 1; }; done
-[ -x "$NGINX" ] || { echo "nginx missing (apt-get install nginx-light)" >&2; exit 1; }
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { echo "nginx missing (apt-get install nginx-light)" >&2; exit 1; }
 if [ "${BUILD:-1}" = 1 ]; then cargo build --release --bin tokengate --quiet; fi
 . bench/lib.sh
 
 UP1=$(free_port); UP2=$(free_port)
-mkdir -p "$WORK/nginx"
-cat >"$WORK/nginx/nginx.conf" <<NGINX
-worker_processes 1;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fastcgi;
-  uwsgi_temp_path $WORK/nginx/uwsgi;
-  scgi_temp_path $WORK/nginx/scgi;
-  keepalive_requests 1000000;
-  server {
-    listen 127.0.0.1:$UP1;
-    listen 127.0.0.1:$UP2;
-    location / {
-      default_type application/json;
-      return 200 '{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}';
-    }
-  }
-}
-NGINX
-"$NGINX" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" >"$WORK/nginx.out" 2>&1 &
-PIDS+=($!)
-wait_http "http://127.0.0.1:$UP1/health"
+start_nginx_200 "$UP1" "$UP2"
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >"$WORK/redis.log" 2>&1 &
 PIDS+=($!)

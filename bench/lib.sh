@@ -1,6 +1,7 @@
 # Shared by the bench scripts (source it after `cd` to the repository root):
 # a scratch directory, background processes that are stopped on exit, free loopback ports,
-# waiting for a server to answer, and (compare.sh, tail.sh, pd.sh) starting a fleet of engine-sims,
+# waiting for a server to answer, nginx `return 200` (mirroring.sh, cluster-latency.sh), and
+# (compare.sh, tail.sh, pd.sh) starting a fleet of engine-sims,
 # tokengate or smg in front of it. A script may define `cleanup_extra` for anything else to stop.
 WORK=$(mktemp -d)
 PIDS=()
@@ -193,4 +194,39 @@ start_smg() {
     sleep 0.2
   done
   echo "smg has no worker serving $MODEL" >&2; cat "$WORK/smg.log" >&2; return 1
+}
+
+# nginx answering every request with one small chat completion (`return 200`): an upstream
+# whose own cost is negligible, to measure the gateway's. Listens on each port given; the
+# process is added to PIDS; waits until the first port answers. Needs nginx (apt nginx-light).
+start_nginx_200() {
+  local nginx listen="" p
+  nginx=$(command -v nginx || echo /usr/sbin/nginx)
+  for p in "$@"; do listen="$listen    listen 127.0.0.1:$p;"$'\n'; done
+  mkdir -p "$WORK/nginx"
+  cat >"$WORK/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fastcgi;
+  uwsgi_temp_path $WORK/nginx/uwsgi;
+  scgi_temp_path $WORK/nginx/scgi;
+  keepalive_requests 1000000;
+  server {
+$listen    location / {
+      default_type application/json;
+      return 200 '{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}';
+    }
+  }
+}
+NGINX
+  "$nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" >"$WORK/nginx.out" 2>&1 &
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:$1/health"
 }

@@ -20,42 +20,14 @@ DURATION=${DURATION:-8s}
 CONNECTIONS=${CONNECTIONS:-8}
 TIMEOUT_MS=${TIMEOUT_MS:-5000}
 command -v wrk >/dev/null || { echo "wrk missing (apt-get install wrk)" >&2; exit 1; }
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-[ -x "$NGINX" ] || { echo "nginx missing (apt-get install nginx)" >&2; exit 1; }
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { echo "nginx missing (apt-get install nginx)" >&2; exit 1; }
 cargo build --release --quiet --bin tokengate
 BIN=target/release/tokengate
 . bench/lib.sh
 
 # Two nginx servers in one process: the upstream and the fast mirror target.
 UP=$(free_port); FAST=$(free_port)
-mkdir -p "$WORK/nginx"
-cat >"$WORK/nginx/nginx.conf" <<NGINX
-worker_processes 1;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fastcgi;
-  uwsgi_temp_path $WORK/nginx/uwsgi;
-  scgi_temp_path $WORK/nginx/scgi;
-  keepalive_requests 1000000;
-  server {
-    listen 127.0.0.1:$UP;
-    listen 127.0.0.1:$FAST;
-    location / {
-      default_type application/json;
-      return 200 '{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}';
-    }
-  }
-}
-NGINX
-"$NGINX" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" >"$WORK/nginx.out" 2>&1 &
-PIDS+=($!)
-wait_http "http://127.0.0.1:$UP/health"
+start_nginx_200 "$UP" "$FAST"
 
 # The stalled target: accepts, reads, never answers; closes when the gateway gives up.
 STALL=$(free_port)
