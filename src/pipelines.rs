@@ -271,11 +271,19 @@ pub fn service(
                     }
                     // The default: the prefix layer's stay-or-move comparison, for the
                     // session's instance against every other.
-                    None => Escape::Adaptive(Adaptive {
-                        placement: DEFAULT_PREFIX_PLACEMENT,
-                        load_tolerance: DEFAULT_PREFIX_LOAD_TOLERANCE,
-                        waiting_cap: DEFAULT_PREFIX_WAITING_CAP,
-                    }),
+                    None => Escape::Adaptive(
+                        Adaptive {
+                            placement: DEFAULT_PREFIX_PLACEMENT,
+                            load_tolerance: DEFAULT_PREFIX_LOAD_TOLERANCE,
+                            waiting_cap: DEFAULT_PREFIX_WAITING_CAP,
+                        },
+                        tolerance_or(
+                            None,
+                            None,
+                            DEFAULT_AFFINITY_TTFT_TOLERANCE,
+                            DEFAULT_AFFINITY_TTFT_SLACK,
+                        ),
+                    ),
                 };
                 fh = fh.then(AffinityStage::new(a.mode, escape, table.clone()));
                 sources = a

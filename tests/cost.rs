@@ -616,16 +616,6 @@ async fn a_new_request_does_not_join_an_instance_whose_kv_cache_its_in_flight_re
             "services:\n  - name: m\n    scheduler: {{mode: layered}}\n    instances:\n{instances}"
         ));
         let c = reqwest::Client::new();
-        // A short unrelated prompt first, so that neither cache is empty when B is placed (a
-        // copy into an empty cache evicts no one and would be free).
-        let warm = c
-            .post(gw.url("/v1/chat/completions"))
-            .json(&chat(&words("warm", 20), "hi", false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(warm.status(), 200);
-        warm.bytes().await.unwrap();
         let system = words("sys", 650); // ~1,000 tokens
         let mut long = chat(&system, "tell me everything", true);
         long["max_tokens"] = serde_json::json!(100);

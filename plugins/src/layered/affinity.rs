@@ -39,8 +39,10 @@ pub enum Escape {
     /// ([`Adaptive`]) applied to the bound instance against every other candidate — its
     /// predicted TTFT against the cheapest other's plus the placement term of what it holds of
     /// the prompt and that one lacks (the session's history, recomputed and written over
-    /// someone else's prefix there), within the safety caps. The default.
-    Adaptive(Adaptive),
+    /// someone else's prefix there), within the safety caps — and it is not within the TTFT
+    /// tolerance of the best either (the binding says the history is there even when the
+    /// index has forgotten it). The default.
+    Adaptive(Adaptive, CostTolerance),
 }
 
 /// Layer 1: session affinity. See the module documentation.
@@ -77,7 +79,7 @@ impl Stage for AffinityStage {
 
     fn uses_cost(&self) -> bool {
         self.mode == AffinityMode::Soft
-            && matches!(self.escape, Escape::Cost(_) | Escape::Adaptive(_))
+            && matches!(self.escape, Escape::Cost(_) | Escape::Adaptive(..))
     }
 
     fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
@@ -116,7 +118,7 @@ impl Stage for AffinityStage {
                     }
                     cx.cost_eligible(p, &t)
                 }
-                Escape::Adaptive(a) => {
+                Escape::Adaptive(a, t) => {
                     let limit = cx.avg_load * (1.0 + a.load_tolerance);
                     if cx.rows[p].load as f64 > limit || cx.cands[p].waiting > a.waiting_cap {
                         if cx.req.explain {
@@ -130,17 +132,23 @@ impl Stage for AffinityStage {
                         let prompt = cx.req.prompt_tokens;
                         let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
                         let v = adaptive_verdict(cx, &a, p, any_fits, Others::All);
+                        // Within the TTFT tolerance it stays whatever the comparison says: the
+                        // binding is evidence of the session's history there even where the
+                        // index has forgotten it (a cache-size bound), and the comparison
+                        // would then weigh the queues alone.
+                        let near = cx.cost_eligible(p, &t);
+                        let stays = near || v.stays();
                         if cx.req.explain {
-                            let verb = if v.stays() { "stays" } else { "moves" };
+                            let verb = if stays { "stays" } else { "moves" };
                             cx.notes.push(match v.to {
                                 Some((j, est, copy)) => format!(
-                                    "soft: bound {verb} (wait {:.0}ms vs #{} {est:.0}+copy {copy:.0}ms)",
-                                    v.stay_ms, cx.cands[j].idx
+                                    "soft: bound {verb} (wait {:.0}ms vs #{} {est:.0}+copy {copy:.0}ms; within best*(1+{})+{}ms: {near})",
+                                    v.stay_ms, cx.cands[j].idx, t.tolerance, t.slack_ms
                                 ),
                                 None => "soft: bound stays (no other candidate)".to_string(),
                             });
                         }
-                        v.stays()
+                        stays
                     }
                 }
             },

@@ -578,7 +578,13 @@ fn a_session_waits_for_its_instance_longer_the_more_history_it_holds_there() {
             .with_cost(model)
             .then(AffinityStage::new(
                 AffinityMode::Soft,
-                Escape::Adaptive(Adaptive::default()),
+                Escape::Adaptive(
+                    Adaptive::default(),
+                    CostTolerance {
+                        tolerance: 0.0,
+                        slack_ms: 0.0,
+                    },
+                ),
                 sessions.clone(),
             ))
             .then(LeastCachedStage(CostTolerance::default())),
@@ -625,6 +631,64 @@ fn a_session_waits_for_its_instance_longer_the_more_history_it_holds_there() {
     assert_eq!(long, 8100, "the first queue above 8,128 - 64 ms");
     // Nothing of the prompt there (the index forgot it): only the queues count.
     assert_eq!(escape_at(0), 100);
+}
+
+#[test]
+fn a_session_whose_history_the_index_forgot_still_stays_within_the_ttft_tolerance() {
+    let model = Arc::new(CostModel::new(crate::cost::CostConfig {
+        prior_prefill_tps: 1000.0,
+        prior_step_ms: 0.0,
+        ..Default::default()
+    }));
+    let s = SessionKey::of("s");
+    // A 1,024-token prompt the index holds nowhere: every instance recomputes all of it.
+    let prompt: Vec<u64> = (0..64).collect();
+    let escape_at = |t: CostTolerance| -> u64 {
+        let sessions = Arc::new(SessionTable::default());
+        let p = Pipeline::new(
+            FirstHit::balance(LbPolicy::LeastToken)
+                .with_cost(model.clone())
+                .then(AffinityStage::new(
+                    AffinityMode::Soft,
+                    Escape::Adaptive(Adaptive::default(), t),
+                    sessions.clone(),
+                )),
+        );
+        sessions.bind(s, cand(0, 0, 0, 0).key, 0);
+        let m = PrefixIndex::default().match_prefix(&prompt, 0);
+        let r = RequestView {
+            session: Some(s),
+            blocks: &prompt,
+            prefix: Some(&m),
+            prompt_tokens: 1024,
+            block_tokens: 16,
+            explain: true,
+            ..Default::default()
+        };
+        for q in (0..5_000).step_by(100) {
+            let cs = [queued(0, q, q / 1000), queued(1, 0, 0)];
+            let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+            if d.pos != 0 {
+                assert_eq!(d.reason, "affinity-escape", "{}", d.explain());
+                return q;
+            }
+        }
+        panic!("never left");
+    };
+    // The comparison alone weighs only the queues here (no copy: nothing known held): the
+    // session leaves at the first queue.
+    let none = CostTolerance {
+        tolerance: 0.0,
+        slack_ms: 0.0,
+    };
+    assert_eq!(escape_at(none), 100);
+    // The default keeps it while its TTFT is within × 1.25 + 25 ms of the best: 1,024 + q <=
+    // 1,305 ms.
+    let default = CostTolerance {
+        tolerance: 0.25,
+        slack_ms: 25.0,
+    };
+    assert_eq!(escape_at(default), 300);
 }
 
 #[test]
@@ -854,25 +918,6 @@ fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_fre
     let d = pick(&cs);
     assert_eq!(d.reason, PREFIX_SPILL, "{}", d.explain());
     assert!(d.explain().contains("+copy 0ms"), "{}", d.explain());
-    // So is an instance nothing was placed on (just added, or back from a restart), whatever
-    // the size of its cache: an empty cache evicts no one.
-    for c in &mut cs[1..] {
-        c.cache_tokens = 0;
-    }
-    assert_eq!(pick(&cs).reason, "prefix(1.00)");
-    cs[2].placed_blocks = 0;
-    let d = pick(&cs);
-    assert_eq!(
-        (d.pos, d.reason.as_ref()),
-        (2, PREFIX_SPILL),
-        "{}",
-        d.explain()
-    );
-    assert!(
-        d.explain().contains("vs #2 1024+copy 0ms"),
-        "{}",
-        d.explain()
-    );
     // Waiting above the cap: not chosen for its cache, whatever the costs (the layers
     // below decide; this is no spill).
     let mut cs: Vec<Candidate> = (0..3).map(|i| queued(i, 0, 0)).collect();
