@@ -8,7 +8,9 @@
 //! * **Passive**: `passive.max_failures` consecutive failed requests (connect error, timeout,
 //!   5xx, dying mid-response) eject the instance for `passive.eject_for`; when that backoff
 //!   ends it is re-admitted only after a health check succeeds (with active checks off, at
-//!   once), so a dead engine is not handed requests again just because time passed.
+//!   once), so a dead engine is not handed requests again just because time passed. An
+//!   instance whose active checks failed and pass again (`rise` in a row: an engine
+//!   restarted) is back at once, its ejection over.
 //!
 //! An instance that is unhealthy or ejected leaves the candidate set at once (the pipelines'
 //! `Available` filter); when no instance of a destination is available the request gets a
@@ -110,6 +112,13 @@ impl Health {
             self.check_failures.store(0, Relaxed);
             let n = self.check_successes.fetch_add(1, Relaxed) + 1;
             if n >= rise && !self.healthy.swap(true, Relaxed) {
+                // Back from failed checks (an engine restarted): the request failures it had
+                // while its checks failed ended with them, and so does their ejection — a
+                // restarted engine is not left idle for the rest of `eject_for` while its
+                // peers queue.
+                self.ejected_until.store(0, Relaxed);
+                self.awaiting_probe.store(false, Relaxed);
+                self.request_failures.store(0, Relaxed);
                 return Some(true);
             }
         } else {
@@ -185,5 +194,24 @@ mod tests {
         assert!(h.on_request(true, 1, 1000, 2000));
         h.no_probes();
         assert!(h.available(3000));
+    }
+
+    #[test]
+    fn an_engine_back_from_failed_checks_is_not_left_ejected() {
+        let h = Health::default();
+        // Killed: its requests fail (ejected for 10 s) and its check is refused.
+        assert!(h.on_request(true, 1, 10_000, 0));
+        assert_eq!(h.on_check(false, true, 2, 3), Some(false));
+        // Restarted: two checks pass; it is back at once, not at the end of the ejection.
+        assert_eq!(h.on_check(true, false, 2, 3), None);
+        assert!(!h.available(3_000));
+        assert_eq!(h.on_check(true, false, 2, 3), Some(true));
+        assert!(h.available(4_000));
+        assert!(!h.view(4_000).ejected);
+        // An ejection while its checks pass (it fails requests, not checks) still runs its
+        // time.
+        assert!(h.on_request(true, 1, 10_000, 5_000));
+        assert_eq!(h.on_check(true, false, 2, 3), None);
+        assert!(!h.available(6_000));
     }
 }
