@@ -527,27 +527,34 @@ fn the_cost_prefix_layer_keeps_a_prefix_home_within_the_tolerance() {
     assert_eq!((d.pos, d.reason.as_ref()), (1, "predicted-ttft"));
 }
 
-#[test]
-fn soft_affinity_can_escape_by_cost() {
+/// Soft affinity with `escape` before `lb`, on a cost model of 1,000 prefill tokens/s and
+/// no decode step; the session table to bind sessions in.
+fn affinity_pipeline(lb: LbPolicy, escape: Escape) -> (Pipeline, Arc<SessionTable>) {
     let model = Arc::new(CostModel::new(crate::cost::CostConfig {
         prior_prefill_tps: 1000.0,
         prior_step_ms: 0.0,
         ..Default::default()
     }));
     let sessions = Arc::new(SessionTable::default());
+    let p = Pipeline::new(
+        FirstHit::balance(lb)
+            .with_cost(model)
+            .then(AffinityStage::new(
+                AffinityMode::Soft,
+                escape,
+                sessions.clone(),
+            )),
+    );
+    (p, sessions)
+}
+
+#[test]
+fn soft_affinity_can_escape_by_cost() {
     let t = CostTolerance {
         tolerance: 0.0,
         slack_ms: 100.0,
     };
-    let p = Pipeline::new(
-        FirstHit::balance(LbPolicy::PredictedTtft)
-            .with_cost(model)
-            .then(AffinityStage::new(
-                AffinityMode::Soft,
-                Escape::Cost(t),
-                sessions.clone(),
-            )),
-    );
+    let (p, sessions) = affinity_pipeline(LbPolicy::PredictedTtft, Escape::Cost(t));
     let s = SessionKey::of("s");
     let cs = [with_queue(0, 50), with_queue(1, 0)];
     sessions.bind(s, cs[0].key, 0);
@@ -567,27 +574,15 @@ fn soft_affinity_can_escape_by_cost() {
 
 #[test]
 fn a_session_waits_for_its_instance_longer_the_more_history_it_holds_there() {
-    let model = Arc::new(CostModel::new(crate::cost::CostConfig {
-        prior_prefill_tps: 1000.0,
-        prior_step_ms: 0.0,
-        ..Default::default()
-    }));
-    let sessions = Arc::new(SessionTable::default());
-    let p = Pipeline::new(
-        FirstHit::balance(LbPolicy::LeastToken)
-            .with_cost(model)
-            .then(AffinityStage::new(
-                AffinityMode::Soft,
-                Escape::Adaptive(
-                    Adaptive::default(),
-                    CostTolerance {
-                        tolerance: 0.0,
-                        slack_ms: 0.0,
-                    },
-                ),
-                sessions.clone(),
-            ))
-            .then(LeastCachedStage(CostTolerance::default())),
+    let (p, sessions) = affinity_pipeline(
+        LbPolicy::LeastToken,
+        Escape::Adaptive(
+            Adaptive::default(),
+            CostTolerance {
+                tolerance: 0.0,
+                slack_ms: 0.0,
+            },
+        ),
     );
     let s = SessionKey::of("s");
     // The queue on the session's instance (#0) at which its next turn leaves it.
@@ -635,24 +630,13 @@ fn a_session_waits_for_its_instance_longer_the_more_history_it_holds_there() {
 
 #[test]
 fn a_session_whose_history_the_index_forgot_still_stays_within_the_ttft_tolerance() {
-    let model = Arc::new(CostModel::new(crate::cost::CostConfig {
-        prior_prefill_tps: 1000.0,
-        prior_step_ms: 0.0,
-        ..Default::default()
-    }));
     let s = SessionKey::of("s");
     // A 1,024-token prompt the index holds nowhere: every instance recomputes all of it.
     let prompt: Vec<u64> = (0..64).collect();
     let escape_at = |t: CostTolerance| -> u64 {
-        let sessions = Arc::new(SessionTable::default());
-        let p = Pipeline::new(
-            FirstHit::balance(LbPolicy::LeastToken)
-                .with_cost(model.clone())
-                .then(AffinityStage::new(
-                    AffinityMode::Soft,
-                    Escape::Adaptive(Adaptive::default(), t),
-                    sessions.clone(),
-                )),
+        let (p, sessions) = affinity_pipeline(
+            LbPolicy::LeastToken,
+            Escape::Adaptive(Adaptive::default(), t),
         );
         sessions.bind(s, cand(0, 0, 0, 0).key, 0);
         let m = PrefixIndex::default().match_prefix(&prompt, 0);
