@@ -41,7 +41,8 @@ pub enum Escape {
     /// the prompt and that one lacks (the session's history, recomputed and written over
     /// someone else's prefix there), within the safety caps — and it is not within the TTFT
     /// tolerance of the best either (the binding says the history is there even when the
-    /// index has forgotten it). The default.
+    /// index has forgotten it; within the tolerance it stays, caps or not, as under
+    /// [`Escape::Cost`]). The default.
     Adaptive(Adaptive, CostTolerance),
 }
 
@@ -119,8 +120,24 @@ impl Stage for AffinityStage {
                     cx.cost_eligible(p, &t)
                 }
                 Escape::Adaptive(a, t) => {
+                    // Within the TTFT tolerance it stays whatever else holds (the previous
+                    // rule, a floor: the binding is evidence of the session's history there
+                    // even where the index has forgotten it — a cache-size bound — and the
+                    // comparison would then weigh the queues alone).
+                    let near = cx.cost_eligible(p, &t);
                     let limit = cx.avg_load * (1.0 + a.load_tolerance);
-                    if cx.rows[p].load as f64 > limit || cx.cands[p].waiting > a.waiting_cap {
+                    if near {
+                        if cx.req.explain {
+                            cx.notes.push(format!(
+                                "soft: bound stays (est <= best*(1+{})+{}ms={:.0}ms)",
+                                t.tolerance,
+                                t.slack_ms,
+                                cx.min_est * (1.0 + t.tolerance) + t.slack_ms
+                            ));
+                        }
+                        true
+                    } else if cx.rows[p].load as f64 > limit || cx.cands[p].waiting > a.waiting_cap
+                    {
                         if cx.req.explain {
                             cx.notes.push(format!(
                                 "soft: bound moves (load {} > avg*(1+{})={limit:.1} or waiting {} > {})",
@@ -132,23 +149,17 @@ impl Stage for AffinityStage {
                         let prompt = cx.req.prompt_tokens;
                         let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
                         let v = adaptive_verdict(cx, &a, p, any_fits, Others::All);
-                        // Within the TTFT tolerance it stays whatever the comparison says: the
-                        // binding is evidence of the session's history there even where the
-                        // index has forgotten it (a cache-size bound), and the comparison
-                        // would then weigh the queues alone.
-                        let near = cx.cost_eligible(p, &t);
-                        let stays = near || v.stays();
                         if cx.req.explain {
-                            let verb = if stays { "stays" } else { "moves" };
+                            let verb = if v.stays() { "stays" } else { "moves" };
                             cx.notes.push(match v.to {
                                 Some((j, est, copy)) => format!(
-                                    "soft: bound {verb} (wait {:.0}ms vs #{} {est:.0}+copy {copy:.0}ms; within best*(1+{})+{}ms: {near})",
-                                    v.stay_ms, cx.cands[j].idx, t.tolerance, t.slack_ms
+                                    "soft: bound {verb} (wait {:.0}ms vs #{} {est:.0}+copy {copy:.0}ms)",
+                                    v.stay_ms, cx.cands[j].idx
                                 ),
                                 None => "soft: bound stays (no other candidate)".to_string(),
                             });
                         }
-                        stays
+                        v.stays()
                     }
                 }
             },

@@ -673,6 +673,25 @@ fn a_session_whose_history_the_index_forgot_still_stays_within_the_ttft_toleranc
         slack_ms: 25.0,
     };
     assert_eq!(escape_at(default), 300);
+    // Within the tolerance it stays even past the safety caps (as under the previous rule):
+    // 17 waiting, 1,124 ms against the best's 1,024.
+    let (p, sessions) = affinity_pipeline(
+        LbPolicy::LeastToken,
+        Escape::Adaptive(Adaptive::default(), default),
+    );
+    sessions.bind(s, cand(0, 0, 0, 0).key, 0);
+    let m = PrefixIndex::default().match_prefix(&prompt, 0);
+    let r = RequestView {
+        session: Some(s),
+        blocks: &prompt,
+        prefix: Some(&m),
+        prompt_tokens: 1024,
+        block_tokens: 16,
+        ..Default::default()
+    };
+    let cs = [queued(0, 100, COST_WAITING_CAP + 1), queued(1, 0, 0)];
+    let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+    assert_eq!((d.pos, d.reason.as_ref()), (0, "affinity"));
 }
 
 #[test]
