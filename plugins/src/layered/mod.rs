@@ -7,10 +7,11 @@
 //!    * `strict`: always the bound instance. If it is not among the candidates (gone,
 //!      unhealthy, already tried), the lower layers choose and the session rebinds
 //!      (`affinity-rebind`).
-//!    * `soft`: the bound instance unless its load > average load over the candidates ×
-//!      `soft_max_load_ratio` (default 1.5); then the lower layers choose and the session
-//!      rebinds (`affinity-escape`). "Load" is the balancing figure ([`LbPolicy::load_of`]:
-//!      in-flight tokens or requests).
+//!    * `soft`: the bound instance unless its [`Escape`] rule says leave — by default the
+//!      stay-or-move comparison ([`Adaptive`]) with the TTFT tolerance as a floor; or its
+//!      predicted TTFT beyond a tolerance of the best; or its load > average ×
+//!      `soft_max_load_ratio` ("load" is the balancing figure, [`LbPolicy::load_of`]); then
+//!      the lower layers choose and the session rebinds (`affinity-escape`).
 //!    * The table's `ttl` and `max_entries` are the table's own ([`SessionTable`](crate::session::SessionTable)).
 //! 2. **Prefix cache** ([`PrefixStage`]): reads the prompt's match against the prefix index
 //!    ([`RequestView::prefix`]); hit ratio = matched blocks / prompt blocks, per candidate. A
