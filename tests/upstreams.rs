@@ -116,7 +116,8 @@ async fn a_certificate_from_another_ca_is_refused_unless_verification_is_off() {
     // insecure_skip_verify: accepted, and said loudly.
     let gw = GatewayProc::start(&svc("{insecure_skip_verify: true}"));
     let r = post(&c, &gw, "m", "echo").await;
-    assert_eq!(r.status(), 200);
+    // (Once, in a CI run, this was a 503 after ~20 s; the log says why if it recurs.)
+    assert_eq!(r.status(), 200, "{}", gw.log_text());
     assert!(gw.log_text().contains("insecure_skip_verify is on"));
 }
 
