@@ -17,20 +17,14 @@ fn chat(system: &str, user: &str, stream: bool) -> serde_json::Value {
 
 /// Two engines `e1`, `e2` serving model `m` in real time, otherwise as `cfg`.
 async fn pair(cfg: engine_sim::SimConfig) -> Vec<engine_sim::SimHandle> {
-    let mut fleet = Vec::new();
-    for i in 1..=2 {
-        fleet.push(
-            engine_sim::spawn_local(engine_sim::SimConfig {
-                id: format!("e{i}"),
-                model: "m".into(),
-                time_scale: 1.0,
-                ..cfg.clone()
-            })
-            .await
-            .unwrap(),
-        );
-    }
-    fleet
+    sim_fleet(
+        2,
+        engine_sim::SimConfig {
+            time_scale: 1.0,
+            ..cfg
+        },
+    )
+    .await
 }
 
 /// Two engines prefilling 400 tokens/s (real time): a 16 KB prompt takes ~10 s.
@@ -100,22 +94,17 @@ async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
 async fn requests_queued_in_an_engine_by_someone_else_count() {
     // Engines that run one request at a time (the rest queue in the engine) and decode
     // slowly (50 ms per token).
-    let mut fleet = Vec::new();
-    for i in 1..=2 {
-        fleet.push(
-            engine_sim::spawn_local(engine_sim::SimConfig {
-                id: format!("e{i}"),
-                model: "m".into(),
-                max_running: 1,
-                decode_step_ms: 50.0,
-                decode_per_req_ms: 0.0,
-                time_scale: 1.0,
-                ..Default::default()
-            })
-            .await
-            .unwrap(),
-        );
-    }
+    let fleet = sim_fleet(
+        2,
+        engine_sim::SimConfig {
+            max_running: 1,
+            decode_step_ms: 50.0,
+            decode_per_req_ms: 0.0,
+            time_scale: 1.0,
+            ..Default::default()
+        },
+    )
+    .await;
     let gw = GatewayProc::start(&format!(
         "services:\n  - name: m\n    load_balancing: predicted-ttft\n    scheduler: {{mode: layered, prefix: {{ttft_tolerance: 0.5}}, least_cached: {{enabled: false}}}}\n    engine_metrics: {{interval: 50ms}}\n{}",
         sim_instances(&fleet)
@@ -300,18 +289,13 @@ async fn cold_prompts_fill_the_emptiest_caches(
     cold: impl Fn(&str) -> bool,
     cached: impl Fn(&str) -> bool,
 ) {
-    let mut fleet = Vec::new();
-    for i in 1..=3 {
-        fleet.push(
-            engine_sim::spawn_local(engine_sim::SimConfig {
-                id: format!("e{i}"),
-                model: "m".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap(),
-        );
-    }
+    let fleet = sim_fleet(
+        3,
+        engine_sim::SimConfig {
+            ..Default::default()
+        },
+    )
+    .await;
     let gw = GatewayProc::start(&format!(
         "services:\n  - name: m\n    scheduler: {scheduler}\n{}",
         sim_instances(&fleet)

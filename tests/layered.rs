@@ -306,19 +306,14 @@ async fn the_memory_bound_evicts_the_index() {
 async fn by_default_a_hot_tenant_spreads_over_two_engines_and_a_cold_one_stays_on_one() {
     // Slow prefill (1,000 tokens/s): a 300-token question waits 0.3 s per request queued
     // ahead of it, so a burst sent at once queues on the engines.
-    let mut fleet = Vec::new();
-    for i in 1..=4 {
-        fleet.push(
-            engine_sim::spawn_local(engine_sim::SimConfig {
-                id: format!("e{i}"),
-                model: "m".into(),
-                prefill_tps: 1000.0,
-                ..Default::default()
-            })
-            .await
-            .unwrap(),
-        );
-    }
+    let fleet = sim_fleet(
+        4,
+        engine_sim::SimConfig {
+            prefill_tps: 1000.0,
+            ..Default::default()
+        },
+    )
+    .await;
     let gw = GatewayProc::start(&format!(
         "services:\n  - name: m\n{}",
         sim_instances(&fleet)
@@ -411,19 +406,14 @@ async fn by_default_a_hot_tenant_spreads_over_two_engines_and_a_cold_one_stays_o
 async fn an_engine_added_to_a_busy_fleet_takes_a_share_of_its_cached_prompts() {
     // Prefill at 2,000 tokens/s: a ~300-token question costs 150 ms where the ~1,200-token
     // system prompt is cached, the whole ~1,500 tokens 750 ms where it is not.
-    let mut fleet = Vec::new();
-    for i in 1..=3 {
-        fleet.push(
-            engine_sim::spawn_local(engine_sim::SimConfig {
-                id: format!("e{i}"),
-                model: "m".into(),
-                prefill_tps: 2000.0,
-                ..Default::default()
-            })
-            .await
-            .unwrap(),
-        );
-    }
+    let fleet = sim_fleet(
+        3,
+        engine_sim::SimConfig {
+            prefill_tps: 2000.0,
+            ..Default::default()
+        },
+    )
+    .await;
     let yaml = |n: usize| format!("services:\n  - name: m\n{}", sim_instances(&fleet[..n]));
     let gw = GatewayProc::start(&yaml(2));
     let c = reqwest::Client::new();

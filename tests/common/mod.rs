@@ -595,6 +595,23 @@ pub(crate) async fn sims(
     v
 }
 
+/// `n` engines `e1`…`en` serving model `m`, otherwise as `cfg`.
+pub(crate) async fn sim_fleet(n: usize, cfg: engine_sim::SimConfig) -> Vec<engine_sim::SimHandle> {
+    let mut v = Vec::new();
+    for i in 1..=n {
+        v.push(
+            engine_sim::spawn_local(engine_sim::SimConfig {
+                id: format!("e{i}"),
+                model: "m".into(),
+                ..cfg.clone()
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    v
+}
+
 /// The instance list of a service block for `sims`.
 pub(crate) fn sim_instances(sims: &[engine_sim::SimHandle]) -> String {
     let mut s = String::from("    instances:\n");
