@@ -110,12 +110,7 @@ impl Stage for AffinityStage {
                 }
                 Escape::Cost(t) => {
                     if cx.req.explain {
-                        cx.notes.push(format!(
-                            "soft: bound est <= best*(1+{})+{}ms={:.0}ms",
-                            t.tolerance,
-                            t.slack_ms,
-                            cx.min_est * (1.0 + t.tolerance) + t.slack_ms
-                        ));
+                        cx.notes.push(format!("soft: bound {}", within(cx, &t)));
                     }
                     cx.cost_eligible(p, &t)
                 }
@@ -128,12 +123,8 @@ impl Stage for AffinityStage {
                     let limit = cx.avg_load * (1.0 + a.load_tolerance);
                     if near {
                         if cx.req.explain {
-                            cx.notes.push(format!(
-                                "soft: bound stays (est <= best*(1+{})+{}ms={:.0}ms)",
-                                t.tolerance,
-                                t.slack_ms,
-                                cx.min_est * (1.0 + t.tolerance) + t.slack_ms
-                            ));
+                            cx.notes
+                                .push(format!("soft: bound stays ({})", within(cx, &t)));
                         }
                         true
                     } else if cx.rows[p].load as f64 > limit || cx.cands[p].waiting > a.waiting_cap
@@ -189,4 +180,14 @@ impl Stage for AffinityStage {
             self.sessions.touch(s, req.now_ms);
         }
     }
+}
+
+/// `est <= best*(1+0.25)+25ms=1305ms`: the TTFT tolerance's room, for the explanation.
+fn within(cx: &LayerCtx<'_, '_>, t: &CostTolerance) -> String {
+    format!(
+        "est <= best*(1+{})+{}ms={:.0}ms",
+        t.tolerance,
+        t.slack_ms,
+        cx.min_est * (1.0 + t.tolerance) + t.slack_ms
+    )
 }
