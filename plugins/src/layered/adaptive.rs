@@ -1,7 +1,8 @@
 //! The stay-or-move comparison ([`Adaptive`]) the prefix layer and soft affinity use by
 //! default.
 
-use super::ctx::LayerCtx;
+use crate::candidate::{Candidate, RequestView};
+use crate::cost::Estimate;
 
 /// With cost eligibility, the prefix layer also skips an instance whose in-flight load is
 /// above the average × (1 + this) ...
@@ -56,15 +57,15 @@ impl Default for Adaptive {
 
 /// What the adaptive comparison said about one holder ([`Adaptive`]).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Verdict {
+pub struct Verdict {
     /// The holder's predicted TTFT, ms.
-    pub(super) stay_ms: f64,
+    pub stay_ms: f64,
     /// The cheapest move: its candidate, its predicted TTFT and its placement term, ms.
-    pub(super) to: Option<(usize, f64, f64)>,
+    pub to: Option<(usize, f64, f64)>,
 }
 
 impl Verdict {
-    pub(super) fn stays(&self) -> bool {
+    pub fn stays(&self) -> bool {
         self.to
             .is_none_or(|(_, est, copy)| self.stay_ms <= est + copy)
     }
@@ -72,7 +73,7 @@ impl Verdict {
 
 /// Which candidates a stay-or-move comparison weighs the holder against.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Others {
+pub enum Others {
     /// Those holding fewer of the prompt's blocks (the prefix layer: the longest match
     /// among equals is its own choice).
     HoldingLess,
@@ -80,31 +81,35 @@ pub(super) enum Others {
     All,
 }
 
-/// The adaptive comparison for candidate `i` (which holds `cx.rows[i].matched` blocks).
-pub(super) fn adaptive_verdict(
-    cx: &LayerCtx<'_, '_>,
+/// The adaptive comparison for candidate `i` (which holds `req.matched(&cands[i])` blocks),
+/// with `est` the predicted TTFT per candidate and `any_fits` whether any candidate's KV cache
+/// has room for the prompt (then only those are moves).
+pub fn adaptive_verdict(
+    req: &RequestView<'_>,
+    cands: &[Candidate],
+    est: &[Estimate],
     a: &Adaptive,
     i: usize,
     any_fits: bool,
     others: Others,
 ) -> Verdict {
-    let m = cx.rows[i].matched;
-    let bt = cx.req.block_tokens.max(1) as f64;
-    let prompt = cx.req.prompt_tokens;
+    let m = req.matched(&cands[i]);
+    let bt = req.block_tokens.max(1) as f64;
+    let prompt = req.prompt_tokens;
     let mut to: Option<(usize, f64, f64)> = None;
-    for (j, c) in cx.cands.iter().enumerate() {
-        let mj = cx.rows[j].matched;
+    for (j, c) in cands.iter().enumerate() {
+        let mj = req.matched(c);
         if j == i || (others == Others::HoldingLess && mj >= m) || (any_fits && !c.kv_fits(prompt))
         {
             continue;
         }
-        let Some(e) = cx.est.get(j) else { continue };
+        let Some(e) = est.get(j) else { continue };
         // Room: the cache is known to hold the prompt beside what was placed there. (Counting
         // an instance nothing was placed on as room too — free copies into empty caches — cost
         // 1-8 cached points in 5 matrix cells on both seed sets: at a fleet's start every
         // cache is empty, and the copies made then are evicted later.)
         let room = c.cache_tokens > 0
-            && c.placed_blocks.saturating_mul(cx.req.block_tokens) + prompt <= c.cache_tokens;
+            && c.placed_blocks.saturating_mul(req.block_tokens) + prompt <= c.cache_tokens;
         let copy = if room {
             0.0
         } else {
@@ -115,7 +120,7 @@ pub(super) fn adaptive_verdict(
         }
     }
     Verdict {
-        stay_ms: cx.est.get(i).map_or(0.0, |e| e.ms),
+        stay_ms: est.get(i).map_or(0.0, |e| e.ms),
         to,
     }
 }

@@ -139,7 +139,15 @@ impl Stage for AffinityStage {
                     } else {
                         let prompt = cx.req.prompt_tokens;
                         let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
-                        let v = adaptive_verdict(cx, &a, p, any_fits, Others::All);
+                        let v = adaptive_verdict(
+                            cx.req,
+                            cx.cands,
+                            cx.est,
+                            &a,
+                            p,
+                            any_fits,
+                            Others::All,
+                        );
                         if cx.req.explain {
                             let verb = if v.stays() { "stays" } else { "moves" };
                             cx.notes.push(match v.to {

@@ -55,7 +55,7 @@ mod prefix;
 #[cfg(test)]
 mod tests;
 
-pub use adaptive::{Adaptive, COST_LOAD_CAP, COST_WAITING_CAP};
+pub use adaptive::{adaptive_verdict, Adaptive, Others, Verdict, COST_LOAD_CAP, COST_WAITING_CAP};
 pub use affinity::{AffinityMode, AffinityStage, Escape};
 pub use ctx::{CostTolerance, Hit, LayerCtx, Row, Stage};
 pub use least_cached::LeastCachedStage;

@@ -96,7 +96,15 @@ impl Stage for PrefixStage {
                     if cx.rows[i].matched == 0 {
                         continue;
                     }
-                    let v = adaptive_verdict(cx, &a, i, any_fits, Others::HoldingLess);
+                    let v = adaptive_verdict(
+                        cx.req,
+                        cx.cands,
+                        cx.est,
+                        &a,
+                        i,
+                        any_fits,
+                        Others::HoldingLess,
+                    );
                     if !v.stays() {
                         cx.rows[i].ineligible = true;
                         if cx.rows[i].matched == best_m

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::api::{BuildCtx, Plugin, PluginParams, Scorer};
 use crate::candidate::{Candidate, Needs, RequestView};
 use crate::cost::{CostModel, Estimate};
-use crate::layered::CostTolerance;
+use crate::layered::{adaptive_verdict, Adaptive, CostTolerance, Others};
 
 /// `best / est`: the predicted time to first token relative to the best candidate's; with
 /// `temperature`, `exp(-(est - best) / temperature)` instead. With `tolerance` / `slack`,
@@ -43,6 +43,14 @@ pub struct PredictedTtftParams {
     /// left from the best (no plateau). Without `tolerance` / `slack` only the best stays.
     #[serde(default)]
     pub filter: bool,
+    /// With `filter`: a candidate beyond the room that holds more of the prompt than another
+    /// is kept while waiting for it costs no more than moving — the predicted TTFT elsewhere
+    /// plus a copy of what it holds (the layered scheduler's default prefix rule, under the
+    /// same safety caps: load ≤ 4 × the average, ≤ 16 waiting). Without it, the room alone
+    /// decides and a hot prefix's holder loses its requests as soon as it is slower than the
+    /// room, however long the prompt it would recompute elsewhere.
+    #[serde(default)]
+    pub stay_or_move: bool,
 }
 
 impl PluginParams for PredictedTtftParams {
@@ -54,6 +62,11 @@ impl PluginParams for PredictedTtftParams {
         if self.temperature.is_some_and(|t| t.is_zero()) {
             errs.push(format!(
                 "{p}.temperature: must be longer than 0 (e.g. 100ms)"
+            ));
+        }
+        if self.stay_or_move && !self.filter {
+            errs.push(format!(
+                "{p}.stay_or_move: only with `filter: true` (it decides which slow holders the filter keeps)"
             ));
         }
         if let Some(t) = self.tolerance {
@@ -72,7 +85,8 @@ impl PluginParams for PredictedTtftParams {
             PredictedTtftScorer::new(ctx.cost.clone())
                 .with_temperature_ms(self.temperature.map(|t| t.as_secs_f64() * 1000.0))
                 .with_room(room)
-                .with_filter(self.filter),
+                .with_filter(self.filter)
+                .with_stay_or_move(self.stay_or_move.then(Adaptive::default)),
         ))
     }
 }
@@ -100,6 +114,7 @@ pub struct PredictedTtftScorer {
     temperature_ms: Option<f64>,
     room: Option<(f64, f64)>,
     filter: bool,
+    stay_or_move: Option<Adaptive>,
 }
 
 impl PredictedTtftScorer {
@@ -109,7 +124,16 @@ impl PredictedTtftScorer {
             temperature_ms: None,
             room: None,
             filter: false,
+            stay_or_move: None,
         }
+    }
+
+    /// As a filter, also keeps a holder of the prompt beyond the room while the comparison
+    /// `a` says staying costs no more than moving ([`Adaptive`]). See
+    /// [`PredictedTtftParams::stay_or_move`].
+    pub fn with_stay_or_move(mut self, a: Option<Adaptive>) -> Self {
+        self.stay_or_move = a;
+        self
     }
 
     /// Removes the candidates beyond the room (no room: all but the best) before the policy
@@ -185,8 +209,24 @@ impl Scorer for PredictedTtftScorer {
             .map(|(e, _)| e.ms)
             .fold(f64::INFINITY, f64::min);
         let limit = self.limit(best);
-        for (k, e) in keep.iter_mut().zip(&est) {
-            if e.ms > limit {
+        let stays = |i: usize| {
+            let Some(a) = &self.stay_or_move else {
+                return false;
+            };
+            let c = &cands[i];
+            if req.matched(c) == 0 || c.waiting > a.waiting_cap {
+                return false;
+            }
+            let avg = cands.iter().map(|c| c.inflight_tokens).sum::<u64>() as f64
+                / cands.len().max(1) as f64;
+            if c.inflight_tokens as f64 > avg * (1.0 + a.load_tolerance) {
+                return false;
+            }
+            let any_fits = cands.iter().any(|c| c.kv_fits(req.prompt_tokens));
+            adaptive_verdict(req, cands, &est, a, i, any_fits, Others::HoldingLess).stays()
+        };
+        for (i, (k, e)) in keep.iter_mut().zip(&est).enumerate() {
+            if *k && e.ms > limit && !stays(i) {
                 *k = false;
             }
         }
@@ -306,5 +346,54 @@ mod tests {
         let mut keep = vec![true; 3];
         soft.filter(&req, &cs, &mut keep);
         assert_eq!(keep, vec![true; 3]);
+    }
+
+    #[test]
+    fn stay_or_move_keeps_a_slow_holder_of_a_long_prompt_and_not_of_a_short_one() {
+        use crate::prefix::PrefixMatch;
+        // 1000 tokens/s, 10 ms step, no room: only the best would stay. Candidate 1 holds
+        // the prompt but 5,000 tokens are queued there; candidate 0 is idle and holds nothing.
+        let (model, mut cs, _) = three_queues();
+        cs.truncate(2);
+        cs[0].prefill_tokens = 0;
+        cs[1].prefill_tokens = 5000;
+        let gate = PredictedTtftScorer::new(model)
+            .with_filter(true)
+            .with_stay_or_move(Some(Adaptive::default()));
+        let view = |m: &'static PrefixMatch, tokens| RequestView {
+            prompt_tokens: tokens,
+            block_tokens: 16,
+            prefix: Some(m),
+            ..Default::default()
+        };
+        // 4,000 tokens, 248 of 250 blocks held: waiting (5,042 ms) costs less than
+        // recomputing on 0 (4,010 ms) plus the copy of 3,968 tokens there.
+        let long: &'static PrefixMatch = Box::leak(Box::new(PrefixMatch {
+            prompt_blocks: 250,
+            best: 248,
+            per_instance: vec![(cs[1].key, 248)],
+        }));
+        let mut keep = vec![true; 2];
+        gate.filter(&view(long, 4000), &cs, &mut keep);
+        assert_eq!(keep, vec![true, true]);
+        // 200 tokens, all 12 blocks held: 5,018 ms against 210 + 192 ms: it moves.
+        let short: &'static PrefixMatch = Box::leak(Box::new(PrefixMatch {
+            prompt_blocks: 12,
+            best: 12,
+            per_instance: vec![(cs[1].key, 12)],
+        }));
+        let mut keep = vec![true; 2];
+        gate.filter(&view(short, 200), &cs, &mut keep);
+        assert_eq!(keep, vec![true, false]);
+        // Without stay-or-move the long prompt's holder goes too.
+        let plain = gate.clone().with_stay_or_move(None);
+        let mut keep = vec![true; 2];
+        plain.filter(&view(long, 4000), &cs, &mut keep);
+        assert_eq!(keep, vec![true, false]);
+        // Past the safety cap on waiting requests it goes whatever the prompt.
+        cs[1].waiting = 17;
+        let mut keep = vec![true; 2];
+        gate.filter(&view(long, 4000), &cs, &mut keep);
+        assert_eq!(keep, vec![true, false]);
     }
 }
