@@ -151,6 +151,9 @@ start_tokengate() {
     fi
   } >"$WORK/gw.yaml"
   "$BIN" check -c "$WORK/gw.yaml" >/dev/null
+  # Emptied here, not by the redirection below: that one runs in the background child, and
+  # wait_line could read the previous gateway's address first (its port refuses connections).
+  : >"$WORK/gw.out"
   RUST_LOG=${GW_LOG:-warn} "$BIN" serve -c "$WORK/gw.yaml" >"$WORK/gw.out" 2>"$WORK/gw.log" &
   GW_PID=$!; PIDS+=($GW_PID)
   GW_URL=$(wait_line "$WORK/gw.out" 'proxy listening on http://')

@@ -49,6 +49,7 @@ $LB
     instances:
 $INST
 YAML
+  : >"$WORK/gw.out" # emptied before the start: wait_line must not read the previous run's address
   RUST_LOG=warn ${GW_ENV:-} "$BIN" serve -c "$WORK/gw.yaml" >"$WORK/gw.out" 2>"$WORK/gw.log" &
   local gwpid=$!; PIDS+=($gwpid)
   gw=$(wait_line "$WORK/gw.out" 'proxy listening on http://'); gw=${gw##*:}
