@@ -32,6 +32,9 @@ KEYS = ("p50", "p90", "p99")
 SESSION_KEYS = ("session_mean_ttft_p50", "session_mean_ttft_p90")
 
 
+BROKEN = []  # runs in which no request was answered ("cell seed N config")
+
+
 def load(out):
     cells = {}
     for cj in sorted(glob.glob(os.path.join(out, "*", "cell.json"))):
@@ -50,6 +53,11 @@ def load(out):
             for k in KEYS:  # json has no infinity: summarize writes it as a string
                 if isinstance(v.get(k), str):
                     v[k] = math.inf
+            if v.get("sent_after_warmup", 0) > 0 and v.get("ok_after_warmup", 0) == 0:
+                # Not one request answered: the router never served (a harness or start-up
+                # failure, not a routing result). Left out of the medians, listed at the end.
+                BROKEN.append("%s seed %s %s" % (cell, seed, config))
+                continue
             runs.setdefault(config, {})[int(seed)] = v
         cells[cell] = {"def": json.load(open(cj)), "runs": runs}
     return cells
@@ -254,6 +262,15 @@ def main(out):
                                 cells.append(str(x))
                         print("| %s | " % e + " | ".join(cells) + " |")
                     print()
+
+    if BROKEN:
+        print("## Runs left out")
+        print()
+        print("Not one request answered (the router never served: a start-up or harness failure, not a routing result); rerun them into the same run (`RUN=… CELLS=… SEEDS=… CONFIGS=… bench/matrix.sh`):")
+        print()
+        for b in sorted(BROKEN):
+            print("- " + b)
+        print()
 
 
 if __name__ == "__main__":
