@@ -304,6 +304,32 @@ async fn the_memory_bound_evicts_the_index() {
 /// one; a cold tenant stays on the one engine that holds its prompt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_default_a_hot_tenant_spreads_over_two_engines_and_a_cold_one_stays_on_one() {
+    hot_and_cold_tenants("", true).await;
+}
+
+/// The same burst through policy mode as `conf/policy.yaml`'s `agents` service documents it
+/// (the predicted-TTFT filter with `stay_or_move`): the same spread, by the same comparison.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_mode_with_stay_or_move_spreads_a_hot_tenant_and_keeps_a_cold_one_home() {
+    let conf =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/policy.yaml")).unwrap();
+    // The agents service's scheduler block, as the file has it.
+    let start = conf
+        .find("  - name: agents\n")
+        .expect("conf/policy.yaml: agents");
+    let block: String = conf[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("    instances:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(block.contains("stay_or_move: true"), "{block}");
+    hot_and_cold_tenants(&block, false).await;
+}
+
+/// A hot and a cold tenant's burst on four slow engines (see the test above); `scheduler`:
+/// the service's scheduling keys ("" = none); `reasons`: check the layered reason headers.
+async fn hot_and_cold_tenants(scheduler: &str, reasons_layered: bool) {
     // Slow prefill (1,000 tokens/s): a 300-token question waits 0.3 s per request queued
     // ahead of it, so a burst sent at once queues on the engines.
     let fleet = sim_fleet(
@@ -315,7 +341,7 @@ async fn by_default_a_hot_tenant_spreads_over_two_engines_and_a_cold_one_stays_o
     )
     .await;
     let gw = GatewayProc::start(&format!(
-        "services:\n  - name: m\n{}",
+        "services:\n  - name: m\n{scheduler}{}",
         sim_instances(&fleet)
     ));
     let c = reqwest::Client::new();
@@ -359,7 +385,10 @@ async fn by_default_a_hot_tenant_spreads_over_two_engines_and_a_cold_one_stays_o
     for t in tasks {
         let (is_cold, (i, why)) = t.await.unwrap();
         if is_cold {
-            assert!(why.starts_with("prefix("), "cold: {why}");
+            assert!(
+                !reasons_layered || why.starts_with("prefix("),
+                "cold: {why}"
+            );
             cold_on.insert(i);
         } else {
             *hot_on.entry(i).or_default() += 1;
@@ -384,6 +413,10 @@ async fn by_default_a_hot_tenant_spreads_over_two_engines_and_a_cold_one_stays_o
     assert!(hot_on.contains_key(&hot_home), "{hot_on:?}");
     assert!(!hot_on.contains_key(&cold_home), "{hot_on:?}");
     assert!(hot_on[&hot_home] >= 6, "{hot_on:?} {reasons:?}");
+    if !reasons_layered {
+        gw.wait_idle().await;
+        return;
+    }
     // Each new home was opened by a request whose prompt was cached but whose holder's queue
     // cost more (`prefix-spill`); every other request went by the prefix.
     let spills = reasons.iter().filter(|r| *r == "prefix-spill").count();
