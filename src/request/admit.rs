@@ -39,17 +39,20 @@ fn header_str<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
     req.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// Anthropic's key header, parsed once.
+pub const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// The key a client presented: `Authorization: Bearer …` (OpenAI SDKs) or `x-api-key`
 /// (Anthropic SDKs).
 fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
-    if let Some(v) = req.headers.get("authorization") {
+    if let Some(v) = req.headers.get(http::header::AUTHORIZATION) {
         let v = v.as_bytes();
         if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
             return Some(v[7..].trim_ascii());
         }
     }
     req.headers
-        .get("x-api-key")
+        .get(X_API_KEY)
         .map(|v| v.as_bytes().trim_ascii())
 }
 

@@ -447,9 +447,13 @@ pub async fn respond_with(
         h.insert_header("retry-after", secs.max(1).to_string())?;
     }
     if let Some(t) = tenant {
-        for (k, v) in crate::tenants::headers(t) {
-            h.insert_header(k, v)?;
-        }
+        let mut r = Ok(());
+        crate::tenants::headers(t, |k, v| {
+            if r.is_ok() {
+                r = h.insert_header(k, v);
+            }
+        });
+        r?;
     }
     h.insert_header("content-type", content_type)?;
     h.insert_header("content-length", body.len().to_string())?;
