@@ -11,8 +11,13 @@
 //!
 //! Counters live in a [`TenantState`] kept by name across reloads ([`Tenants::build`] with
 //! the previous runtime's), so a reload that leaves a tenant in place leaves its buckets
-//! and in-flight count as they were; new limits apply from the next request. Counters are
-//! per gateway process (several replicas each count their own).
+//! and in-flight count as they were; new limits apply from the next request.
+//!
+//! With `cluster:` the limits hold for the fleet of replicas: after the local admission
+//! (which still holds per replica, and alone while Redis is away) the request is taken off
+//! the tenant's fleet-wide buckets and leases on Redis ([`crate::cluster::TenantHold`]) in
+//! the round trip that also reads its session's binding, and settled there off the
+//! request's path.
 
 use crate::config::{Priority, TenantConfig, TenantLimits, IMPLICIT_TENANT};
 use crate::metrics::TenantMetrics;
@@ -217,6 +222,10 @@ pub struct Ticket {
     /// The tenant's in-flight slot is still held (released at the answer's end or at
     /// settlement, whichever comes first, exactly once).
     slot: bool,
+    /// Refused by the fleet after the local admission: its request is given back too.
+    refund: bool,
+    /// Its hold on the tenant's fleet-wide limits (`cluster:`, Redis answering).
+    fleet: Option<crate::cluster::TenantHold>,
 }
 
 impl Ticket {
@@ -224,6 +233,9 @@ impl Ticket {
     /// sends its next request as soon as it has read this one's last byte finds the slot
     /// free, though the request is settled (tokens, counters) only later, in `logging`.
     pub fn release_slot(&mut self) {
+        if let Some(f) = self.fleet.as_mut() {
+            f.release();
+        }
         if std::mem::replace(&mut self.slot, false) {
             let mut c = self.tenant.state.inner.lock();
             c.inflight = c.inflight.saturating_sub(1);
@@ -233,6 +245,18 @@ impl Ticket {
     /// The (input, output) tokens reserved at admission.
     pub fn reserved(&self) -> (u64, u64) {
         (self.reserved_in, self.reserved_out)
+    }
+
+    /// Adds the tenant's fleet-wide hold, settled with this ticket.
+    pub fn attach_fleet(&mut self, hold: crate::cluster::TenantHold) {
+        self.fleet = Some(hold);
+    }
+
+    /// Undoes the admission entirely (the fleet refused the request): its request, its
+    /// tokens and its slot come back.
+    pub fn refund(mut self) {
+        self.refund = true;
+        self.end(0, 0);
     }
 
     /// Charges what the request used instead of what was reserved, and releases its
@@ -245,12 +269,26 @@ impl Ticket {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
+        if let Some(f) = self.fleet.take() {
+            let back = |reserved: u64, used: u64| reserved as i64 - used as i64;
+            f.settle([
+                0,
+                back(self.reserved_in, input),
+                back(self.reserved_out, output),
+            ]);
+        }
         let now = crate::clock::now_ms();
         let l = &self.tenant.limits;
         let mut guard = self.tenant.state.inner.lock();
         let c = &mut *guard;
         if std::mem::replace(&mut self.slot, false) {
             c.inflight = c.inflight.saturating_sub(1);
+        }
+        if self.refund {
+            if let Some(limit) = l.requests_per_minute {
+                c.requests.refill(limit, now);
+                c.requests.level = (c.requests.level + 1.0).min(limit as f64);
+            }
         }
         for (b, limit, reserved, used) in [
             (
@@ -569,6 +607,22 @@ pub fn admit(tenant: &Arc<Tenant>, input: u64, output: u64) -> Result<Ticket, Re
         reserved_out: output,
         done: false,
         slot: true,
+        refund: false,
+        fleet: None,
+    })
+}
+
+/// The tenant's limits as the fleet-wide admission takes them (`None`: it has none).
+pub fn fleet_limits(l: &TenantLimits) -> Option<crate::cluster::TenantLimits> {
+    let per_minute = [
+        l.requests_per_minute.unwrap_or(0),
+        l.input_tokens_per_minute.unwrap_or(0),
+        l.output_tokens_per_minute.unwrap_or(0),
+    ];
+    let concurrency = l.concurrency.unwrap_or(0);
+    (per_minute != [0; 3] || concurrency > 0).then_some(crate::cluster::TenantLimits {
+        per_minute,
+        concurrency,
     })
 }
 

@@ -141,7 +141,12 @@ fn cluster_yaml(redis: &Redis, name: &str, extra: &str) -> String {
 
 /// Three replicas of one config (their `cluster.replica` r1, r2, r3), each joined.
 async fn replicas(redis: &Redis, services: &str) -> Vec<GatewayProc> {
-    let gws: Vec<GatewayProc> = (1..=3)
+    replicas_n(redis, 3, services).await
+}
+
+/// `n` replicas of one config (their `cluster.replica` r1 … rn), each joined.
+async fn replicas_n(redis: &Redis, n: usize, services: &str) -> Vec<GatewayProc> {
+    let gws: Vec<GatewayProc> = (1..=n)
         .map(|i| {
             GatewayProc::start(&format!(
                 "{}{services}",
@@ -150,12 +155,12 @@ async fn replicas(redis: &Redis, services: &str) -> Vec<GatewayProc> {
         })
         .collect();
     for g in &gws {
-        eventually("every replica sees the three", || async {
+        eventually("every replica sees the others", || async {
             let v = admin(g, "/admin/cluster").await;
             v["state"] == "ok"
                 && v["replicas"]
                     .as_array()
-                    .is_some_and(|a| a.iter().filter(|r| r["health"] == "healthy").count() == 3)
+                    .is_some_and(|a| a.iter().filter(|r| r["health"] == "healthy").count() == n)
         })
         .await;
     }
@@ -333,6 +338,134 @@ async fn a_throttling_limit_holds_for_the_fleet() {
             e.id(),
             st.max_running
         );
+    }
+}
+
+/// Sends a chat request with a tenant's key: (status, `Retry-After` in seconds).
+async fn send_as(
+    c: &reqwest::Client,
+    g: &GatewayProc,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, Option<u64>) {
+    let r = c
+        .post(g.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let status = r.status().as_u16();
+    let _ = r.bytes().await;
+    (status, retry)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_requests_per_minute_hold_for_the_fleet() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let fleet = sims(1, "m", "e", 100.0).await;
+    // 5 a minute: one more every 12 s, far longer than the 12 requests below take.
+    let tenants = "tenants:\n  - {name: team, keys: [sk-team], limits: {requests_per_minute: 5}}\n";
+    let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
+    let c = reqwest::Client::new();
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..12 {
+        let (st, retry) = send_as(&c, &gws[i % 2], "sk-team", &chat(&format!("q{i}"), 2)).await;
+        match st {
+            200 => ok += 1,
+            429 => {
+                assert!(
+                    retry.is_some_and(|s| s >= 1),
+                    "a refusal without Retry-After"
+                );
+                refused += 1;
+            }
+            s => panic!("request {i}: status {s}"),
+        }
+    }
+    // Each replica alone would admit 5 (10 in all).
+    assert_eq!((ok, refused), (5, 7), "admitted, refused");
+    let m = gws[1].metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tokengate_cluster_local_fallbacks_total{what=\"tenant\"}"
+        ),
+        Some(0.0),
+        "the fleet's count was not used: {m}"
+    );
+    // Redis gone: each replica's own limit (r2 admitted 2 of its 6, the fleet's refusals
+    // given back to its own bucket: 3 left there).
+    redis.kill();
+    let mut statuses = Vec::new();
+    for i in 0..5 {
+        statuses.push(
+            send_as(&c, &gws[1], "sk-team", &chat(&format!("d{i}"), 2))
+                .await
+                .0,
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let m = gws[1].metrics().await;
+    assert!(
+        metric(
+            &m,
+            "tokengate_cluster_local_fallbacks_total{what=\"tenant\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "no local fallback counted: {m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_concurrency_holds_for_the_fleet() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = vec![slow_sim("e1").await];
+    let tenants = "tenants:\n  - {name: team, keys: [sk-team], limits: {concurrency: 2}}\n";
+    let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
+    let c = reqwest::Client::new();
+    // Eight requests at once, four through each replica, each holding its engine for 5 s
+    // (1,000 decode steps of 5 ms): each replica alone would let 2 run, 4 in all.
+    let reqs: Vec<_> = (0..8)
+        .map(|i| {
+            let c = c.clone();
+            let url = gws[i % 2].url("/v1/chat/completions");
+            let b = chat(&format!("long {i}"), 1000);
+            tokio::spawn(async move {
+                let r = c
+                    .post(url)
+                    .bearer_auth("sk-team")
+                    .json(&b)
+                    .send()
+                    .await
+                    .unwrap();
+                let st = r.status().as_u16();
+                let _ = r.bytes().await;
+                st
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for r in reqs {
+        statuses.push(r.await.unwrap());
+    }
+    statuses.sort();
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429, 429, 429]);
+    assert!(fleet[0].stats().max_running <= 2, "{:?}", fleet[0].stats());
+    // Both slots come back: requests through either replica are admitted again.
+    for g in &gws {
+        eventually("the tenant's fleet slots are free again", || async {
+            send_as(&c, g, "sk-team", &chat("short", 1)).await.0 == 200
+        })
+        .await;
     }
 }
 

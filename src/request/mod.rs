@@ -68,6 +68,9 @@ pub struct Plan {
     pub hop: bool,
     /// Its hold on its tenant's limits, settled when the request completes.
     pub ticket: Option<crate::tenants::Ticket>,
+    /// The session's fleet binding read along with the tenant's fleet-wide admission
+    /// (`cluster:`): the table's name in Redis, the session, the instance id bound.
+    pub fleet_session: Option<(String, tokengate_plugins::SessionKey, Option<String>)>,
 }
 
 /// A decision-service call of a plan (for its trace span).
