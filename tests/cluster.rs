@@ -101,6 +101,18 @@ impl Redis {
         s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
     }
 
+    /// The number of members of a sorted set (`ZCARD`); `None` when Redis does not answer.
+    fn zcard(&self, key: &str) -> Option<u64> {
+        use std::io::{BufRead, BufReader, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let cmd = format!("*2\r\n$5\r\nZCARD\r\n${}\r\n{key}\r\n", key.len());
+        s.write_all(cmd.as_bytes()).ok()?;
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).ok()?;
+        line.strip_prefix(':')?.trim().parse().ok()
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -690,6 +702,51 @@ async fn redis_killed_and_restarted_under_load_fails_no_request() {
             .count();
         assert_eq!(warned, 1, "one warning per outage, got {warned}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_come_back_after_redis_restarts_empty() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let fleet = vec![slow_sim("e1").await];
+    let gws = replicas_n(
+        &redis,
+        2,
+        &service(&fleet, "    throttling: {overflow: reject, total: 2}\n"),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    // Two long requests through r1 take the fleet's two slots of e1 (5 s each).
+    let holds: Vec<_> = (0..2)
+        .map(|i| {
+            let (c, url) = (c.clone(), gws[0].url("/v1/chat/completions"));
+            let b = chat(&format!("long {i}"), 1000);
+            tokio::spawn(async move { c.post(url).json(&b).send().await.unwrap().status() })
+        })
+        .collect();
+    let key = "t:lease:m:e1:total";
+    eventually("both slots leased", || async {
+        redis.zcard(key) == Some(2)
+    })
+    .await;
+    // Redis loses everything; r1's next heartbeat adds its two live leases back.
+    redis.restart_empty();
+    eventually("the live leases are back in the new Redis", || async {
+        redis.zcard(key) == Some(2)
+    })
+    .await;
+    eventually("r2 uses Redis again", || async {
+        admin(&gws[1], "/admin/cluster").await["state"] == "ok"
+    })
+    .await;
+    // So r2 finds e1 full while they run (without them it would take a third slot).
+    let (st, _, _) = send(&c, &gws[1], &chat("third", 1), None).await;
+    assert_eq!(st, 429, "r2 took a slot the fleet does not have");
+    for h in holds {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    assert!(fleet[0].stats().max_running <= 2, "{:?}", fleet[0].stats());
 }
 
 #[test]

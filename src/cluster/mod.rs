@@ -29,7 +29,9 @@
 //! `/admin/instances` and the status page say so): requests route on local state (the
 //! local limits still hold per replica) and make no Redis call at all; the heartbeat loop
 //! probes Redis with a growing backoff and, when it answers, the replica is back (one
-//! line in the log). A Redis restarted empty fills again from live traffic.
+//! line in the log). A Redis restarted empty fills again from live traffic; each replica's
+//! first heartbeat to it adds back the leases its running requests hold (and a tenant's
+//! per-minute buckets start full).
 
 pub mod wire;
 
@@ -71,18 +73,26 @@ return 0
 
 /// The heartbeat: the replica's score in the replica set, the departed dropped, and the
 /// renewal of its live leases (KEYS[2..] their sets, ARGV[4..] their members).
-/// KEYS[1] the replica set; ARGV replica id, lease ms, forget-after ms.
+/// KEYS[1] the replica set; ARGV replica id, lease ms, forget-after ms. A lease is renewed
+/// only while it is there (a lease released meanwhile is not brought back), except when the
+/// replica itself was not registered: Redis lost its data (restarted empty) or forgot the
+/// replica, and its live leases are added again, so the fleet counts the requests that still
+/// hold them. Returns 1 when it re-registered, else 0.
 const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now, ARGV[1])
+local fresh = redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
 local ttl = tonumber(ARGV[2])
 for i = 2, #KEYS do
-  redis.call('ZADD', KEYS[i], 'XX', now + ttl, ARGV[i + 2])
+  if fresh == 1 then
+    redis.call('ZADD', KEYS[i], now + ttl, ARGV[i + 2])
+  else
+    redis.call('ZADD', KEYS[i], 'XX', now + ttl, ARGV[i + 2])
+  end
   redis.call('PEXPIRE', KEYS[i], ttl * 2)
 end
-return now
+return fresh
 ";
 
 /// The replica set with Redis's time: `{now, id, score, id, score, ...}`.
