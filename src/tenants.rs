@@ -523,7 +523,7 @@ impl Tenants {
     /// of `prev`'s tenants of the same names.
     pub fn build(api_keys: &[String], tenants: &[TenantConfig], prev: Option<&Tenants>) -> Tenants {
         let mut t = Tenants {
-            seed: std::collections::hash_map::RandomState::new().hash_one(0x7e4a_47u64),
+            seed: std::collections::hash_map::RandomState::new().hash_one(0x7e4a_u64),
             ..Tenants::default()
         };
         let state = |name: &str| {

@@ -238,7 +238,7 @@ async fn fleet_gate(
     };
     let target = rt
         .resolve(&info.model)
-        .and_then(|d| super::cluster::session_target(&d, &req.headers, info, api));
+        .and_then(|d| d.session_target(&req.headers, info, api));
     let key = target.as_ref().map(|(scope, s)| c.session_ref(scope, *s));
     let (input, output) = ticket.reserved();
     let name = ticket.tenant.name.clone();

@@ -17,34 +17,15 @@ use crate::runtime::Dest;
 use crate::shared::Shared;
 use crate::throttle::Scope;
 use std::sync::Arc;
-use tokengate_plugins::{InstanceKey, Role, SessionKey};
+use tokengate_plugins::{InstanceKey, Role};
 
-/// The name of a scheduler's session table in Redis (services and routes may share names).
+/// The name of a scheduler's session table in Redis (see [`Dest::session_target`]).
 fn scope(by: &ChosenBy) -> Option<String> {
     match by {
-        ChosenBy::Service(s) => Some(format!("svc/{}", s.name)),
-        ChosenBy::Route(r) => Some(format!("route/{}", r.name)),
+        ChosenBy::Service(s) => Some(crate::runtime::service_sessions(&s.name)),
+        ChosenBy::Route(r) => Some(crate::runtime::route_sessions(&r.name)),
         ChosenBy::Decode => None,
     }
-}
-
-/// The session whose fleet binding a request to `dest` reads: the name of its table in
-/// Redis and its key (`None`: no session key, or no session table there).
-pub fn session_target(
-    dest: &Dest,
-    headers: &http::HeaderMap,
-    info: &crate::api::RequestInfo,
-    api: crate::api::Api,
-) -> Option<(String, SessionKey)> {
-    let by = match dest {
-        Dest::Service(s) => ChosenBy::Service(s.clone()),
-        Dest::Route(r) if r.scheduler().is_some() => ChosenBy::Route(r.clone()),
-        _ => return None,
-    };
-    let sched = by.scheduler()?;
-    sched.sessions.as_ref()?;
-    let s = sched.session_key(headers, info, api)?;
-    Some((scope(&by)?, s))
 }
 
 /// Reads the session's binding in the fleet and applies it to the local table (the one
@@ -54,7 +35,7 @@ pub async fn fetch_session(shared: &Shared, plan: &Plan, headers: &http::HeaderM
     let Some(c) = shared.cluster.as_ref() else {
         return;
     };
-    let Some((name, s)) = session_target(&plan.dest, headers, &plan.info, plan.api) else {
+    let Some((name, s)) = plan.dest.session_target(headers, &plan.info, plan.api) else {
         return;
     };
     let (table, instances): (_, Vec<&Arc<crate::runtime::Instance>>) = match &plan.dest {
