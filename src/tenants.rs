@@ -225,7 +225,8 @@ pub struct Ticket {
     /// Refused by the fleet after the local admission: its request is given back too.
     refund: bool,
     /// Its hold on the tenant's fleet-wide limits (`cluster:`, Redis answering).
-    fleet: Option<crate::cluster::TenantHold>,
+    /// (Boxed: a ticket without one, the common case, stays small in every request's state.)
+    fleet: Option<Box<crate::cluster::TenantHold>>,
 }
 
 impl Ticket {
@@ -249,7 +250,7 @@ impl Ticket {
 
     /// Adds the tenant's fleet-wide hold, settled with this ticket.
     pub fn attach_fleet(&mut self, hold: crate::cluster::TenantHold) {
-        self.fleet = Some(hold);
+        self.fleet = Some(Box::new(hold));
     }
 
     /// Undoes the admission entirely (the fleet refused the request): its request, its

@@ -32,7 +32,7 @@ pub struct Admitted {
     /// Its tenant's hold on the limits (a gateway with keys).
     pub ticket: Option<Ticket>,
     /// Its session's fleet binding, read along with the tenant's fleet-wide admission.
-    pub fleet_session: Option<FleetSession>,
+    pub fleet_session: Option<Box<FleetSession>>,
 }
 
 pub use crate::tenants::ct_eq;
@@ -196,8 +196,9 @@ pub async fn admit(
     };
     let mut fleet_session = None;
     if let (Some(c), Some(tk)) = (cluster, ticket.as_mut()) {
-        match fleet_gate(c, tk, &rt, session.req_header(), &info, api).await {
-            Ok(s) => fleet_session = s,
+        // Boxed: the admission of every request does not carry this future's state.
+        match Box::pin(fleet_gate(c, tk, &rt, session.req_header(), &info, api)).await {
+            Ok(s) => fleet_session = s.map(Box::new),
             Err(r) => {
                 let t = tk.tenant.clone();
                 if let Some(tk) = ticket.take() {

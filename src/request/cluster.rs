@@ -49,7 +49,7 @@ pub async fn fetch_session(shared: &Shared, plan: &Plan, headers: &http::HeaderM
     let Some(table) = table else { return };
     let prefetched = plan
         .fleet_session
-        .as_ref()
+        .as_deref()
         .filter(|(n, k, _)| *n == name && *k == s)
         .map(|(_, _, bound)| bound.clone());
     let bound = match prefetched {

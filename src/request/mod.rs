@@ -70,7 +70,8 @@ pub struct Plan {
     pub ticket: Option<crate::tenants::Ticket>,
     /// The session's fleet binding read along with the tenant's fleet-wide admission
     /// (`cluster:`): the table's name in Redis, the session, the instance id bound.
-    pub fleet_session: Option<(String, tokengate_plugins::SessionKey, Option<String>)>,
+    /// (Boxed: every request's state carries the field, few requests a value.)
+    pub fleet_session: Option<Box<(String, tokengate_plugins::SessionKey, Option<String>)>>,
 }
 
 /// A decision-service call of a plan (for its trace span).
