@@ -376,11 +376,13 @@ impl TenantState {
     }
 
     /// The `x-ratelimit-*` headers of the tenant's answers, given to `put`: for each
-    /// per-minute limit its value, what remains and when the bucket is full again.
+    /// per-minute limit its value, what remains and when the bucket is full again (the
+    /// fleet's remainder, when the request was admitted fleet-wide, else this replica's).
     fn headers(
         &self,
         limits: &TenantLimits,
         values: &[Option<HeaderValue>; 3],
+        fleet: Option<[Option<u64>; 3]>,
         now: u64,
         mut put: impl FnMut(&'static str, HeaderValue),
     ) {
@@ -412,8 +414,20 @@ impl TenantState {
                 limits.input_tokens_per_minute,
                 limits.output_tokens_per_minute,
             ];
-            for ((b, limit), f) in buckets.into_iter().zip(limits).zip(&mut figures) {
+            let fleet = fleet.unwrap_or_default();
+            for (((b, limit), f), in_fleet) in
+                buckets.into_iter().zip(limits).zip(&mut figures).zip(fleet)
+            {
                 let Some(limit) = limit else { continue };
+                if let Some(left) = in_fleet {
+                    let full = Bucket {
+                        level: left as f64,
+                        at_ms: now,
+                        started: true,
+                    };
+                    *f = Some((left, full.wait_for(limit, limit as f64)));
+                    continue;
+                }
                 b.refill(limit, now);
                 *f = Some((
                     b.level.max(0.0).floor() as u64,
@@ -628,14 +642,21 @@ pub fn fleet_limits(l: &TenantLimits) -> Option<crate::cluster::TenantLimits> {
 }
 
 /// The tenant's `x-ratelimit-*` headers now, given to `put` (none without per-minute
-/// limits).
-pub fn headers(tenant: &Tenant, put: impl FnMut(&'static str, HeaderValue)) {
+/// limits); with the request's `ticket`, the fleet's figures when it was admitted
+/// fleet-wide.
+pub fn headers(
+    tenant: &Tenant,
+    ticket: Option<&Ticket>,
+    put: impl FnMut(&'static str, HeaderValue),
+) {
     if tenant.limit_values.iter().all(Option::is_none) {
         return;
     }
+    let fleet = ticket.and_then(|t| t.fleet.as_ref()).map(|f| f.remaining);
     tenant.state.headers(
         &tenant.limits,
         &tenant.limit_values,
+        fleet,
         crate::clock::now_ms(),
         put,
     )

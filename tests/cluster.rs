@@ -353,13 +353,14 @@ async fn a_throttling_limit_holds_for_the_fleet() {
     }
 }
 
-/// Sends a chat request with a tenant's key: (status, `Retry-After` in seconds).
+/// Sends a chat request with a tenant's key: (status, `Retry-After` in seconds,
+/// `x-ratelimit-remaining-requests`).
 async fn send_as(
     c: &reqwest::Client,
     g: &GatewayProc,
     key: &str,
     body: &serde_json::Value,
-) -> (u16, Option<u64>) {
+) -> (u16, Option<u64>, Option<u64>) {
     let r = c
         .post(g.url("/v1/chat/completions"))
         .bearer_auth(key)
@@ -372,9 +373,14 @@ async fn send_as(
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
+    let remaining = r
+        .headers()
+        .get("x-ratelimit-remaining-requests")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
     let status = r.status().as_u16();
     let _ = r.bytes().await;
-    (status, retry)
+    (status, retry, remaining)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -388,10 +394,15 @@ async fn a_tenants_requests_per_minute_hold_for_the_fleet() {
     let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
     let c = reqwest::Client::new();
     let (mut ok, mut refused) = (0, 0);
+    let mut remaining = Vec::new();
     for i in 0..12 {
-        let (st, retry) = send_as(&c, &gws[i % 2], "sk-team", &chat(&format!("q{i}"), 2)).await;
+        let (st, retry, left) =
+            send_as(&c, &gws[i % 2], "sk-team", &chat(&format!("q{i}"), 2)).await;
         match st {
-            200 => ok += 1,
+            200 => {
+                ok += 1;
+                remaining.push(left);
+            }
             429 => {
                 assert!(
                     retry.is_some_and(|s| s >= 1),
@@ -404,6 +415,8 @@ async fn a_tenants_requests_per_minute_hold_for_the_fleet() {
     }
     // Each replica alone would admit 5 (10 in all).
     assert_eq!((ok, refused), (5, 7), "admitted, refused");
+    // The headers count down the fleet's requests, whichever replica answered.
+    assert_eq!(remaining, [Some(4), Some(3), Some(2), Some(1), Some(0)]);
     let m = gws[1].metrics().await;
     assert_eq!(
         metric(

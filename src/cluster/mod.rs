@@ -134,7 +134,9 @@ return out
 /// session binding read in the same round trip; ARGV the three per-minute limits (0: none),
 /// the concurrency limit (0: none), the input and output tokens to reserve, the lease
 /// member and the lease ms. Returns {admitted 1/0, the limit refusing (1 requests, 2 input,
-/// 3 output, 4 concurrency), ms until it would admit, the session's binding or nil}.
+/// 3 output, 4 concurrency), ms until it would admit, the session's binding or nil, and
+/// for each per-minute limit what remains after this request (-1: no such limit, or
+/// refused)}.
 const TENANT_ADMIT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -143,7 +145,7 @@ if #KEYS >= 3 then session = redis.call('GET', KEYS[3]) end
 local conc = tonumber(ARGV[4])
 if conc > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if redis.call('ZCARD', KEYS[2]) >= conc then return {0, 4, 1000, session} end
+  if redis.call('ZCARD', KEYS[2]) >= conc then return {0, 4, 1000, session, -1, -1, -1} end
 end
 local h = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'at')
 local dt = math.max(now - (tonumber(h[4]) or now), 0)
@@ -156,7 +158,9 @@ for k = 1, 3 do
     any = true
     local l = math.min((tonumber(h[k]) or limit) + dt * limit / 60000, limit)
     local need = math.min(needs[k], limit)
-    if l < need then return {0, k, math.ceil((need - l) * 60000 / limit), session} end
+    if l < need then
+      return {0, k, math.ceil((need - l) * 60000 / limit), session, -1, -1, -1}
+    end
     levels[k] = l - needs[k]
   end
 end
@@ -172,7 +176,11 @@ if conc > 0 then
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[8]), ARGV[7])
   redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[8]) * 2)
 end
-return {1, 0, 0, session}
+local left = {-1, -1, -1}
+for k = 1, 3 do
+  if levels[k] then left[k] = math.max(0, math.floor(levels[k])) end
+end
+return {1, 0, 0, session, left[1], left[2], left[3]}
 ";
 
 /// Settles a tenant's request in its fleet-wide buckets: gives back what was reserved and
@@ -222,6 +230,9 @@ pub enum TenantAdmission {
 /// A request's hold on its tenant's fleet-wide limits: its concurrency lease (given back
 /// when dropped or [`TenantHold::release`]d) and the settlement of its tokens.
 pub struct TenantHold {
+    /// What the fleet's buckets held after this request (requests, input, output; `None`:
+    /// no such limit), for its `x-ratelimit-remaining-*` headers.
+    pub remaining: [Option<u64>; 3],
     cluster: Arc<Cluster>,
     key: String,
     limits: TenantLimits,
@@ -788,13 +799,13 @@ impl Cluster {
                     .arg(output)
                     .arg(&mb)
                     .arg(ms);
-                inv.invoke_async::<(i64, i64, i64, Option<String>)>(&mut c)
+                inv.invoke_async::<(i64, i64, i64, Option<String>, i64, i64, i64)>(&mut c)
                     .await
             })
             .await;
         self.m.rtt.observe(t.elapsed().as_secs_f64());
         match r {
-            Some((1, _, _, session)) => {
+            Some((1, _, _, session, r, i, o)) => {
                 let lease = (limits.concurrency > 0).then(|| {
                     self.leases.lock().insert(id, (lease_key, member));
                     Lease {
@@ -804,8 +815,10 @@ impl Cluster {
                         prefill: false,
                     }
                 });
+                let left = |v: i64| u64::try_from(v).ok();
                 TenantAdmission::Admitted {
                     hold: TenantHold {
+                        remaining: [left(r), left(i), left(o)],
                         cluster: self.clone(),
                         key,
                         limits,
@@ -814,7 +827,7 @@ impl Cluster {
                     session,
                 }
             }
-            Some((_, limit, ms, _)) => TenantAdmission::Refused {
+            Some((_, limit, ms, ..)) => TenantAdmission::Refused {
                 limit: limit.clamp(1, 4) as u8,
                 retry_after: Duration::from_millis(ms.max(1) as u64),
             },

@@ -502,7 +502,8 @@ pub fn response_header(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
     }
     if let Some(t) = ctx.tenant.as_deref() {
         let mut r = Ok(());
-        crate::tenants::headers(t, |k, v| {
+        let ticket = ctx.plan.as_ref().and_then(|p| p.ticket.as_ref());
+        crate::tenants::headers(t, ticket, |k, v| {
             if r.is_ok() {
                 r = resp.insert_header(k, v);
             }

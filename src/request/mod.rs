@@ -452,7 +452,7 @@ pub async fn respond_with(
     }
     if let Some(t) = tenant {
         let mut r = Ok(());
-        crate::tenants::headers(t, |k, v| {
+        crate::tenants::headers(t, None, |k, v| {
             if r.is_ok() {
                 r = h.insert_header(k, v);
             }
