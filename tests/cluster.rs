@@ -451,6 +451,54 @@ async fn a_tenants_requests_per_minute_hold_for_the_fleet() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_admission_reads_the_session_in_the_same_round_trip() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = sims(3, "m", "e", 100.0).await;
+    let tenants = "tenants:\n  - {name: team, keys: [sk-team], limits: {requests_per_minute: 1000, concurrency: 50}}\n";
+    let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
+    let c = reqwest::Client::new();
+    // Six sessions of three turns, each turn through the other replica with a prompt that
+    // shares nothing with the last: only the fleet's binding keeps a session in place.
+    for s in 0..6 {
+        let mut home = None;
+        for turn in 0..3 {
+            let r = c
+                .post(gws[(s + turn) % 2].url("/v1/chat/completions"))
+                .bearer_auth("sk-team")
+                .header("x-session-id", format!("sess-{s}"))
+                .json(&chat(&words(&format!("s{s}t{turn}w"), 40), 2))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let inst = r.headers()["x-tokengate-instance"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            match &home {
+                None => home = Some(inst),
+                Some(h) => assert_eq!(&inst, h, "session {s} turn {turn} left its instance"),
+            }
+        }
+    }
+    // One Redis call per request before routing: the tenant's script, no session read.
+    let mut calls = [0.0; 2];
+    for g in &gws {
+        let m = g.metrics().await;
+        let get = |op: &str| {
+            metric(
+                &m,
+                &format!("tokengate_cluster_redis_calls_total{{op=\"{op}\",result=\"ok\"}}"),
+            )
+            .unwrap_or(0.0)
+        };
+        calls[0] += get("tenant");
+        calls[1] += get("session_get");
+    }
+    assert_eq!(calls, [18.0, 0.0], "tenant scripts, session reads");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_concurrency_holds_for_the_fleet() {
     let Some(redis) = Redis::start() else { return };
     let fleet = vec![slow_sim("e1").await];
