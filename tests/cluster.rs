@@ -103,14 +103,34 @@ impl Redis {
 
     /// The number of members of a sorted set (`ZCARD`); `None` when Redis does not answer.
     fn zcard(&self, key: &str) -> Option<u64> {
+        self.command(&["ZCARD", key])?.parse().ok()
+    }
+
+    /// A field of a hash as a number (`HGET`); `None`: absent, or Redis does not answer.
+    fn hget(&self, key: &str, field: &str) -> Option<f64> {
+        self.command(&["HGET", key, field])?.parse().ok()
+    }
+
+    /// Sends a command; the answer's integer or bulk string (`None`: nil, or no answer).
+    fn command(&self, args: &[&str]) -> Option<String> {
         use std::io::{BufRead, BufReader, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        let cmd = format!("*2\r\n$5\r\nZCARD\r\n${}\r\n{key}\r\n", key.len());
+        let mut cmd = format!("*{}\r\n", args.len());
+        for a in args {
+            cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
         s.write_all(cmd.as_bytes()).ok()?;
+        let mut r = BufReader::new(s);
         let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).ok()?;
-        line.strip_prefix(':')?.trim().parse().ok()
+        r.read_line(&mut line).ok()?;
+        if let Some(n) = line.strip_prefix(':') {
+            return Some(n.trim().to_string());
+        }
+        line.strip_prefix('$')?.trim().parse::<usize>().ok()?;
+        let mut value = String::new();
+        r.read_line(&mut value).ok()?;
+        Some(value.trim_end().to_string())
     }
 
     fn kill(&mut self) {
@@ -496,6 +516,38 @@ async fn a_tenants_admission_reads_the_session_in_the_same_round_trip() {
         calls[1] += get("session_get");
     }
     assert_eq!(calls, [18.0, 0.0], "tenant scripts, session reads");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_answer_is_charged_to_the_fleets_tokens() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = sims(1, "m", "e", 100.0).await;
+    // 300 output tokens a minute: 5 a second come back.
+    let tenants =
+        "tenants:\n  - {name: team, keys: [sk-team], limits: {output_tokens_per_minute: 300}}\n";
+    let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
+    let c = reqwest::Client::new();
+    // Through r1: 10 reserved (max_tokens), 250 used (the engine ignores max_tokens here).
+    let r = c
+        .post(gws[0].url("/v1/chat/completions"))
+        .bearer_auth("sk-team")
+        .header("x-sim-output-tokens", "250")
+        .json(&chat("a long one", 10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 250);
+    // Settled on Redis off the request's path: 300 - 250, plus what came back since.
+    eventually("the fleet's bucket charged with the 250 used", || async {
+        redis.hget("t:tenant:team", "o").is_some_and(|l| l < 100.0)
+    })
+    .await;
+    // So r2, whose own bucket is full, refuses 100 more until about 10 s have refilled it.
+    let (st, retry, _) = send_as(&c, &gws[1], "sk-team", &chat("next", 100)).await;
+    assert_eq!(st, 429, "r2 admitted 100 tokens the fleet does not have");
+    assert!(retry.is_some_and(|s| s >= 2), "Retry-After {retry:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
