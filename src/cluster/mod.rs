@@ -77,7 +77,8 @@ return 0
 /// only while it is there (a lease released meanwhile is not brought back), except when the
 /// replica itself was not registered: Redis lost its data (restarted empty) or forgot the
 /// replica, and its live leases are added again, so the fleet counts the requests that still
-/// hold them. Returns 1 when it re-registered, else 0.
+/// hold them (one released while the heartbeat was under way is removed again after it).
+/// Returns 1 when it re-registered, else 0.
 const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -987,7 +988,16 @@ async fn heartbeat_loop(c: &Arc<Cluster>, mut stop: pingora::server::ShutdownWat
     let forget = hb.as_millis() as u64 * 10;
     let mut backoff = Duration::from_millis(100);
     loop {
-        let leases: Vec<(String, String)> = c.leases.lock().values().cloned().collect();
+        let snapshot: Vec<(u64, String, String)> = c
+            .leases
+            .lock()
+            .iter()
+            .map(|(id, (k, m))| (*id, k.clone(), m.clone()))
+            .collect();
+        let leases: Vec<(String, String)> = snapshot
+            .iter()
+            .map(|(_, k, m)| (k.clone(), m.clone()))
+            .collect();
         let script = c.heartbeat_script.clone();
         let (replicas, id, lease_ms) = (c.key("replicas"), c.replica.clone(), c.lease_ms);
         let conn = c.conn.get().cloned();
@@ -1007,9 +1017,26 @@ async fn heartbeat_loop(c: &Arc<Cluster>, mut stop: pingora::server::ShutdownWat
             None => return,
         };
         let next = match r {
-            Ok(Ok(_)) => {
+            Ok(Ok(fresh)) => {
                 c.answered("heartbeat");
                 c.recovered();
+                if fresh == 1 {
+                    // Re-registered: the script added back every lease of the snapshot; one
+                    // given back since (its removal may have reached Redis first) goes again.
+                    let held = c.leases.lock();
+                    let gone: Vec<_> = snapshot
+                        .into_iter()
+                        .filter(|(id, _, _)| !held.contains_key(id))
+                        .collect();
+                    drop(held);
+                    for (_, key, member) in gone {
+                        c.send(Op::Release {
+                            key,
+                            member,
+                            event: None,
+                        });
+                    }
+                }
                 backoff = Duration::from_millis(100);
                 hb
             }
