@@ -52,7 +52,8 @@ impl Gateway {
     /// The main request: admit, plan, then proxy here or hand over to a subrequest.
     async fn main_request(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let rt = self.shared.runtime.load_full();
-        let Some(admitted) = admit::admit(session, ctx, rt).await? else {
+        let Some(admitted) = admit::admit(session, ctx, rt, self.shared.cluster.as_ref()).await?
+        else {
             return Ok(true);
         };
         if let Some(o) = self.shared.otel.load().as_ref() {

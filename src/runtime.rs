@@ -406,7 +406,35 @@ pub enum Dest {
     Split(Arc<crate::split::Entry>),
 }
 
+/// The name of a service's session table in the replicas' shared store (`cluster:`; services
+/// and routes may share names).
+pub fn service_sessions(name: &str) -> String {
+    format!("svc/{name}")
+}
+
+/// The name of a route's session table in the shared store.
+pub fn route_sessions(name: &str) -> String {
+    format!("route/{name}")
+}
+
 impl Dest {
+    /// The session a request to this destination is bound by: the name of its table in the
+    /// shared store and its key (`None`: no session table here, or no session key).
+    pub fn session_target(
+        &self,
+        headers: &http::HeaderMap,
+        info: &crate::api::RequestInfo,
+        api: crate::api::Api,
+    ) -> Option<(String, tokengate_plugins::SessionKey)> {
+        let (sched, name) = match self {
+            Dest::Service(s) => (&s.sched, service_sessions(&s.name)),
+            Dest::Route(r) => (r.scheduler()?, route_sessions(&r.name)),
+            Dest::Split(_) => return None,
+        };
+        sched.sessions.as_ref()?;
+        Some((name, sched.session_key(headers, info, api)?))
+    }
+
     pub fn name(&self) -> &str {
         match self {
             Dest::Service(s) => &s.name,

@@ -11,13 +11,19 @@
 //!
 //! Counters live in a [`TenantState`] kept by name across reloads ([`Tenants::build`] with
 //! the previous runtime's), so a reload that leaves a tenant in place leaves its buckets
-//! and in-flight count as they were; new limits apply from the next request. Counters are
-//! per gateway process (several replicas each count their own).
+//! and in-flight count as they were; new limits apply from the next request.
+//!
+//! With `cluster:` the limits hold for the fleet of replicas: after the local admission
+//! (which still holds per replica, and alone while Redis is away) the request is taken off
+//! the tenant's fleet-wide buckets and leases on Redis ([`crate::cluster::TenantHold`]) in
+//! the round trip that also reads its session's binding, and settled there off the
+//! request's path.
 
 use crate::config::{Priority, TenantConfig, TenantLimits, IMPLICIT_TENANT};
+use crate::metrics::TenantMetrics;
 use http::HeaderValue;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use prometheus::IntCounter;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +65,12 @@ pub struct Tenant {
     pub limits: TenantLimits,
     /// Its counters (shared with the previous config's tenant of the same name).
     pub state: Arc<TenantState>,
+    /// The `x-ratelimit-limit-*` values of its per-minute limits (requests, input tokens,
+    /// output tokens), made once: they change only with the config.
+    limit_values: [Option<HeaderValue>; 3],
+    /// Its `tokengate_tenant_*` counters by model, looked up once per model (a labelled
+    /// counter's lookup hashes its labels under a lock; this is a short scan).
+    counters: Mutex<Vec<(Box<str>, [IntCounter; 3])>>,
 }
 
 impl Tenant {
@@ -66,7 +78,63 @@ impl Tenant {
     pub fn allows(&self, model: &str) -> bool {
         self.models.iter().any(|p| p.matches(model))
     }
+
+    /// Counts a settled request of `model` (`input`, `output` tokens) in the tenant's
+    /// `tokengate_tenant_{requests,tokens}_total`.
+    pub fn count(&self, m: &TenantMetrics, model: &str, input: u64, output: u64) {
+        let mut cache = self.counters.lock();
+        let i = match cache.iter().position(|(k, _)| &**k == model) {
+            Some(i) => i,
+            None => {
+                let name = self.name.as_str();
+                let c = [
+                    m.requests.with_label_values(&[name, model]),
+                    m.tokens.with_label_values(&[name, model, "input"]),
+                    m.tokens.with_label_values(&[name, model, "output"]),
+                ];
+                if cache.len() >= MAX_CACHED_MODELS {
+                    drop(cache);
+                    c[0].inc();
+                    c[1].inc_by(input);
+                    c[2].inc_by(output);
+                    return;
+                }
+                cache.push((model.into(), c));
+                cache.len() - 1
+            }
+        };
+        let c = &cache[i].1;
+        c[0].inc();
+        c[1].inc_by(input);
+        c[2].inc_by(output);
+    }
+
+    fn new(
+        name: &str,
+        models: Vec<Pattern>,
+        priority: Priority,
+        limits: TenantLimits,
+        state: Arc<TenantState>,
+    ) -> Tenant {
+        let value = |l: Option<u64>| l.map(HeaderValue::from);
+        Tenant {
+            name: name.to_string(),
+            models,
+            priority,
+            limit_values: [
+                value(limits.requests_per_minute),
+                value(limits.input_tokens_per_minute),
+                value(limits.output_tokens_per_minute),
+            ],
+            limits,
+            state,
+            counters: Mutex::new(Vec::new()),
+        }
+    }
 }
+
+/// Models whose counters a tenant keeps at hand (beyond: looked up each time).
+const MAX_CACHED_MODELS: usize = 32;
 
 /// A tenant's counters.
 #[derive(Debug, Default)]
@@ -154,6 +222,11 @@ pub struct Ticket {
     /// The tenant's in-flight slot is still held (released at the answer's end or at
     /// settlement, whichever comes first, exactly once).
     slot: bool,
+    /// Refused by the fleet after the local admission: its request is given back too.
+    refund: bool,
+    /// Its hold on the tenant's fleet-wide limits (`cluster:`, Redis answering).
+    /// (Boxed: a ticket without one, the common case, stays small in every request's state.)
+    fleet: Option<Box<crate::cluster::TenantHold>>,
 }
 
 impl Ticket {
@@ -161,6 +234,9 @@ impl Ticket {
     /// sends its next request as soon as it has read this one's last byte finds the slot
     /// free, though the request is settled (tokens, counters) only later, in `logging`.
     pub fn release_slot(&mut self) {
+        if let Some(f) = self.fleet.as_mut() {
+            f.release();
+        }
         if std::mem::replace(&mut self.slot, false) {
             let mut c = self.tenant.state.inner.lock();
             c.inflight = c.inflight.saturating_sub(1);
@@ -170,6 +246,18 @@ impl Ticket {
     /// The (input, output) tokens reserved at admission.
     pub fn reserved(&self) -> (u64, u64) {
         (self.reserved_in, self.reserved_out)
+    }
+
+    /// Adds the tenant's fleet-wide hold, settled with this ticket.
+    pub fn attach_fleet(&mut self, hold: crate::cluster::TenantHold) {
+        self.fleet = Some(Box::new(hold));
+    }
+
+    /// Undoes the admission entirely (the fleet refused the request): its request, its
+    /// tokens and its slot come back.
+    pub fn refund(mut self) {
+        self.refund = true;
+        self.end(0, 0);
     }
 
     /// Charges what the request used instead of what was reserved, and releases its
@@ -182,12 +270,26 @@ impl Ticket {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
+        if let Some(f) = self.fleet.take() {
+            let back = |reserved: u64, used: u64| reserved as i64 - used as i64;
+            f.settle([
+                0,
+                back(self.reserved_in, input),
+                back(self.reserved_out, output),
+            ]);
+        }
         let now = crate::clock::now_ms();
         let l = &self.tenant.limits;
         let mut guard = self.tenant.state.inner.lock();
         let c = &mut *guard;
         if std::mem::replace(&mut self.slot, false) {
             c.inflight = c.inflight.saturating_sub(1);
+        }
+        if self.refund {
+            if let Some(limit) = l.requests_per_minute {
+                c.requests.refill(limit, now);
+                c.requests.level = (c.requests.level + 1.0).min(limit as f64);
+            }
         }
         for (b, limit, reserved, used) in [
             (
@@ -273,49 +375,75 @@ impl TenantState {
         Ok(())
     }
 
-    /// The `x-ratelimit-*` headers of the tenant's answers: for each per-minute limit its
-    /// value, what remains and when the bucket is full again.
-    fn headers(&self, limits: &TenantLimits, now: u64) -> Vec<(&'static str, HeaderValue)> {
-        let mut c = self.inner.lock();
-        let mut out = Vec::with_capacity(9);
-        for (unit, limit) in [
-            ("requests", limits.requests_per_minute),
-            ("input-tokens", limits.input_tokens_per_minute),
-            ("output-tokens", limits.output_tokens_per_minute),
-        ] {
-            let Some(limit) = limit else { continue };
-            let b = match unit {
-                "requests" => &mut c.requests,
-                "input-tokens" => &mut c.input,
-                _ => &mut c.output,
-            };
-            b.refill(limit, now);
-            let (l, r, s) = match unit {
-                "requests" => (
-                    "x-ratelimit-limit-requests",
-                    "x-ratelimit-remaining-requests",
-                    "x-ratelimit-reset-requests",
-                ),
-                "input-tokens" => (
-                    "x-ratelimit-limit-input-tokens",
-                    "x-ratelimit-remaining-input-tokens",
-                    "x-ratelimit-reset-input-tokens",
-                ),
-                _ => (
-                    "x-ratelimit-limit-output-tokens",
-                    "x-ratelimit-remaining-output-tokens",
-                    "x-ratelimit-reset-output-tokens",
-                ),
-            };
-            // Numbers become header values without a string or a check in between.
-            out.push((l, HeaderValue::from(limit)));
-            out.push((r, HeaderValue::from(b.level.max(0.0).floor() as u64)));
-            let reset = duration_text(b.wait_for(limit, limit as f64));
-            if let Ok(v) = HeaderValue::try_from(reset) {
-                out.push((s, v));
+    /// The `x-ratelimit-*` headers of the tenant's answers, given to `put`: for each
+    /// per-minute limit its value, what remains and when the bucket is full again (the
+    /// fleet's remainder, when the request was admitted fleet-wide, else this replica's).
+    fn headers(
+        &self,
+        limits: &TenantLimits,
+        values: &[Option<HeaderValue>; 3],
+        fleet: Option<[Option<u64>; 3]>,
+        now: u64,
+        mut put: impl FnMut(&'static str, HeaderValue),
+    ) {
+        const NAMES: [[&str; 3]; 3] = [
+            [
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+            ],
+            [
+                "x-ratelimit-limit-input-tokens",
+                "x-ratelimit-remaining-input-tokens",
+                "x-ratelimit-reset-input-tokens",
+            ],
+            [
+                "x-ratelimit-limit-output-tokens",
+                "x-ratelimit-remaining-output-tokens",
+                "x-ratelimit-reset-output-tokens",
+            ],
+        ];
+        // The figures under the lock, the header values after it.
+        let mut figures = [None; 3];
+        {
+            let mut c = self.inner.lock();
+            let c = &mut *c;
+            let buckets = [&mut c.requests, &mut c.input, &mut c.output];
+            let limits = [
+                limits.requests_per_minute,
+                limits.input_tokens_per_minute,
+                limits.output_tokens_per_minute,
+            ];
+            let fleet = fleet.unwrap_or_default();
+            for (((b, limit), f), in_fleet) in
+                buckets.into_iter().zip(limits).zip(&mut figures).zip(fleet)
+            {
+                let Some(limit) = limit else { continue };
+                if let Some(left) = in_fleet {
+                    let full = Bucket {
+                        level: left as f64,
+                        at_ms: now,
+                        started: true,
+                    };
+                    *f = Some((left, full.wait_for(limit, limit as f64)));
+                    continue;
+                }
+                b.refill(limit, now);
+                *f = Some((
+                    b.level.max(0.0).floor() as u64,
+                    b.wait_for(limit, limit as f64),
+                ));
             }
         }
-        out
+        for ((names, f), v) in NAMES.iter().zip(figures).zip(values) {
+            let (Some((remaining, reset)), Some(v)) = (f, v) else {
+                continue;
+            };
+            // Numbers become header values without a string or a check in between.
+            put(names[0], v.clone());
+            put(names[1], HeaderValue::from(remaining));
+            put(names[2], duration_value(reset));
+        }
     }
 
     /// Requests of the tenant in flight now.
@@ -324,21 +452,64 @@ impl TenantState {
     }
 }
 
-/// A reset time as OpenAI writes it: `250ms`, `1.5s`, `6m0s`.
-fn duration_text(d: Duration) -> String {
-    let ms = d.as_millis() as u64;
+/// A reset time as OpenAI writes it: `250ms`, `1.5s`, `6m0s` (at most `<minutes>m59.999s`).
+fn duration_value(d: Duration) -> HeaderValue {
+    let mut buf = [0u8; 40];
+    let n = duration_text(d, &mut buf);
+    HeaderValue::from_bytes(&buf[..n]).expect("digits and letters")
+}
+
+/// Writes [`duration_value`]'s text into `buf`; its length.
+fn duration_text(d: Duration, buf: &mut [u8; 40]) -> usize {
+    let ms = d.as_millis().min(u64::MAX as u128) as u64;
+    let mut n = 0;
+    let mut put = |b: &[u8], n: &mut usize| {
+        buf[*n..*n + b.len()].copy_from_slice(b);
+        *n += b.len();
+    };
     if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 {
-        let s = format!("{:.3}", ms as f64 / 1000.0);
-        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
+        put(itoa(ms, &mut [0; 20]), &mut n);
+        put(b"ms", &mut n);
+        return n;
+    }
+    let secs_ms = if ms < 60_000 {
+        ms
     } else {
-        let s = format!("{:.3}", (ms % 60_000) as f64 / 1000.0);
-        format!(
-            "{}m{}s",
-            ms / 60_000,
-            s.trim_end_matches('0').trim_end_matches('.')
-        )
+        put(itoa(ms / 60_000, &mut [0; 20]), &mut n);
+        put(b"m", &mut n);
+        ms % 60_000
+    };
+    put(itoa(secs_ms / 1000, &mut [0; 20]), &mut n);
+    let frac = secs_ms % 1000;
+    if frac > 0 {
+        // Three digits, trailing zeros dropped.
+        let digits = [frac / 100, frac / 10 % 10, frac % 10];
+        let keep = if digits[2] > 0 {
+            3
+        } else if digits[1] > 0 {
+            2
+        } else {
+            1
+        };
+        put(b".", &mut n);
+        for d in &digits[..keep] {
+            put(&[b'0' + *d as u8], &mut n);
+        }
+    }
+    put(b"s", &mut n);
+    n
+}
+
+/// `v` in decimal, in the end of `buf`.
+fn itoa(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return &buf[i..];
+        }
     }
 }
 
@@ -354,17 +525,22 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 #[derive(Debug, Default)]
 pub struct Tenants {
     list: Vec<Arc<Tenant>>,
-    /// A keyed hash of each key → (key, tenant index): the lookup costs one hash, and the
-    /// key itself is compared in constant time.
-    by_hash: HashMap<u64, Vec<(Vec<u8>, usize)>>,
-    hasher: std::collections::hash_map::RandomState,
+    /// Each key's seeded digest, the key and its tenant's index, sorted by digest: a lookup
+    /// is one digest of the presented key and a binary search, and the key itself is then
+    /// compared in constant time.
+    by_digest: Vec<(u64, Box<[u8]>, usize)>,
+    /// The digest's seed, random per config (a client cannot aim keys at one digest).
+    seed: u64,
 }
 
 impl Tenants {
     /// The tenants of `tenants` and the implicit one of `api_keys`, reusing the counters
     /// of `prev`'s tenants of the same names.
     pub fn build(api_keys: &[String], tenants: &[TenantConfig], prev: Option<&Tenants>) -> Tenants {
-        let mut t = Tenants::default();
+        let mut t = Tenants {
+            seed: std::collections::hash_map::RandomState::new().hash_one(0x7e4a_u64),
+            ..Tenants::default()
+        };
         let state = |name: &str| {
             prev.and_then(|p| p.list.iter().find(|t| t.name == name))
                 .map(|t| t.state.clone())
@@ -372,19 +548,16 @@ impl Tenants {
         };
         let mut add = |name: &str, keys: &[String], models: Vec<Pattern>, priority, limits| {
             let i = t.list.len();
-            t.list.push(Arc::new(Tenant {
-                name: name.to_string(),
+            t.list.push(Arc::new(Tenant::new(
+                name,
                 models,
                 priority,
                 limits,
-                state: state(name),
-            }));
+                state(name),
+            )));
             for k in keys {
-                let h = t.hasher.hash_one(k.as_bytes());
-                t.by_hash
-                    .entry(h)
-                    .or_default()
-                    .push((k.as_bytes().to_vec(), i));
+                let d = digest(k.as_bytes(), t.seed);
+                t.by_digest.push((d, k.as_bytes().into(), i));
             }
         };
         if !api_keys.is_empty() {
@@ -405,6 +578,7 @@ impl Tenants {
                 c.limits.clone(),
             );
         }
+        t.by_digest.sort_unstable_by_key(|e| e.0);
         t
     }
 
@@ -415,9 +589,10 @@ impl Tenants {
 
     /// The tenant whose key this is.
     pub fn by_key(&self, key: &[u8]) -> Option<&Arc<Tenant>> {
-        let h = self.hasher.hash_one(key);
+        let d = digest(key, self.seed);
+        let start = self.by_digest.partition_point(|e| e.0 < d);
         let mut found = None;
-        for (k, i) in self.by_hash.get(&h)? {
+        for (_, k, i) in self.by_digest[start..].iter().take_while(|e| e.0 == d) {
             if ct_eq(key, k) {
                 found = Some(*i);
             }
@@ -431,6 +606,11 @@ impl Tenants {
     }
 }
 
+/// A key's digest for the lookup (seeded xxh3: a few instructions per byte).
+fn digest(key: &[u8], seed: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(key, seed)
+}
+
 /// Takes a ticket for a request of `tenant`, or refuses it.
 pub fn admit(tenant: &Arc<Tenant>, input: u64, output: u64) -> Result<Ticket, Refusal> {
     tenant
@@ -442,19 +622,44 @@ pub fn admit(tenant: &Arc<Tenant>, input: u64, output: u64) -> Result<Ticket, Re
         reserved_out: output,
         done: false,
         slot: true,
+        refund: false,
+        fleet: None,
     })
 }
 
-/// The tenant's `x-ratelimit-*` headers now (none without per-minute limits).
-pub fn headers(tenant: &Tenant) -> Vec<(&'static str, HeaderValue)> {
-    let l = &tenant.limits;
-    if l.requests_per_minute.is_none()
-        && l.input_tokens_per_minute.is_none()
-        && l.output_tokens_per_minute.is_none()
-    {
-        return Vec::new();
+/// The tenant's limits as the fleet-wide admission takes them (`None`: it has none).
+pub fn fleet_limits(l: &TenantLimits) -> Option<crate::cluster::TenantLimits> {
+    let per_minute = [
+        l.requests_per_minute.unwrap_or(0),
+        l.input_tokens_per_minute.unwrap_or(0),
+        l.output_tokens_per_minute.unwrap_or(0),
+    ];
+    let concurrency = l.concurrency.unwrap_or(0);
+    (per_minute != [0; 3] || concurrency > 0).then_some(crate::cluster::TenantLimits {
+        per_minute,
+        concurrency,
+    })
+}
+
+/// The tenant's `x-ratelimit-*` headers now, given to `put` (none without per-minute
+/// limits); with the request's `ticket`, the fleet's figures when it was admitted
+/// fleet-wide.
+pub fn headers(
+    tenant: &Tenant,
+    ticket: Option<&Ticket>,
+    put: impl FnMut(&'static str, HeaderValue),
+) {
+    if tenant.limit_values.iter().all(Option::is_none) {
+        return;
     }
-    tenant.state.headers(l, crate::clock::now_ms())
+    let fleet = ticket.and_then(|t| t.fleet.as_ref()).map(|f| f.remaining);
+    tenant.state.headers(
+        &tenant.limits,
+        &tenant.limit_values,
+        fleet,
+        crate::clock::now_ms(),
+        put,
+    )
 }
 
 #[cfg(test)]
@@ -462,13 +667,13 @@ mod tests {
     use super::*;
 
     fn tenant(limits: TenantLimits) -> Arc<Tenant> {
-        Arc::new(Tenant {
-            name: "t".into(),
-            models: vec![Pattern::of("qwen3-*"), Pattern::of("gpt-4o")],
-            priority: Priority::Default,
+        Arc::new(Tenant::new(
+            "t",
+            vec![Pattern::of("qwen3-*"), Pattern::of("gpt-4o")],
+            Priority::Default,
             limits,
-            state: Arc::default(),
-        })
+            Arc::default(),
+        ))
     }
 
     #[test]
@@ -522,9 +727,37 @@ mod tests {
 
     #[test]
     fn reset_text() {
-        assert_eq!(duration_text(Duration::from_millis(250)), "250ms");
-        assert_eq!(duration_text(Duration::from_millis(1500)), "1.5s");
-        assert_eq!(duration_text(Duration::from_secs(2)), "2s");
-        assert_eq!(duration_text(Duration::from_secs(360)), "6m0s");
+        let text = |ms| duration_value(Duration::from_millis(ms));
+        assert_eq!(text(0), "0ms");
+        assert_eq!(text(250), "250ms");
+        assert_eq!(text(1500), "1.5s");
+        assert_eq!(text(1250), "1.25s");
+        assert_eq!(text(1001), "1.001s");
+        assert_eq!(text(2000), "2s");
+        assert_eq!(text(360_000), "6m0s");
+        assert_eq!(text(61_500), "1m1.5s");
+        assert_eq!(text(u64::MAX), "307445734561825m51.615s");
+    }
+
+    #[test]
+    fn keys_find_their_tenant() {
+        let conf = |name: &str, keys: &[&str]| TenantConfig {
+            name: name.into(),
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            models: vec!["*".into()],
+            priority: Priority::Default,
+            limits: TenantLimits::default(),
+        };
+        let t = Tenants::build(
+            &["global".into()],
+            &[conf("a", &["ka1", "ka2"]), conf("b", &["kb"])],
+            None,
+        );
+        let name = |k: &str| t.by_key(k.as_bytes()).map(|t| t.name.clone());
+        assert_eq!(name("global").as_deref(), Some(IMPLICIT_TENANT));
+        assert_eq!(name("ka2").as_deref(), Some("a"));
+        assert_eq!(name("kb").as_deref(), Some("b"));
+        assert_eq!(name("kb "), None);
+        assert_eq!(name(""), None);
     }
 }

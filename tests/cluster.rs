@@ -101,6 +101,38 @@ impl Redis {
         s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
     }
 
+    /// The number of members of a sorted set (`ZCARD`); `None` when Redis does not answer.
+    fn zcard(&self, key: &str) -> Option<u64> {
+        self.command(&["ZCARD", key])?.parse().ok()
+    }
+
+    /// A field of a hash as a number (`HGET`); `None`: absent, or Redis does not answer.
+    fn hget(&self, key: &str, field: &str) -> Option<f64> {
+        self.command(&["HGET", key, field])?.parse().ok()
+    }
+
+    /// Sends a command; the answer's integer or bulk string (`None`: nil, or no answer).
+    fn command(&self, args: &[&str]) -> Option<String> {
+        use std::io::{BufRead, BufReader, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let mut cmd = format!("*{}\r\n", args.len());
+        for a in args {
+            cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(cmd.as_bytes()).ok()?;
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        r.read_line(&mut line).ok()?;
+        if let Some(n) = line.strip_prefix(':') {
+            return Some(n.trim().to_string());
+        }
+        line.strip_prefix('$')?.trim().parse::<usize>().ok()?;
+        let mut value = String::new();
+        r.read_line(&mut value).ok()?;
+        Some(value.trim_end().to_string())
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -141,7 +173,12 @@ fn cluster_yaml(redis: &Redis, name: &str, extra: &str) -> String {
 
 /// Three replicas of one config (their `cluster.replica` r1, r2, r3), each joined.
 async fn replicas(redis: &Redis, services: &str) -> Vec<GatewayProc> {
-    let gws: Vec<GatewayProc> = (1..=3)
+    replicas_n(redis, 3, services).await
+}
+
+/// `n` replicas of one config (their `cluster.replica` r1 … rn), each joined.
+async fn replicas_n(redis: &Redis, n: usize, services: &str) -> Vec<GatewayProc> {
+    let gws: Vec<GatewayProc> = (1..=n)
         .map(|i| {
             GatewayProc::start(&format!(
                 "{}{services}",
@@ -150,12 +187,12 @@ async fn replicas(redis: &Redis, services: &str) -> Vec<GatewayProc> {
         })
         .collect();
     for g in &gws {
-        eventually("every replica sees the three", || async {
+        eventually("every replica sees the others", || async {
             let v = admin(g, "/admin/cluster").await;
             v["state"] == "ok"
                 && v["replicas"]
                     .as_array()
-                    .is_some_and(|a| a.iter().filter(|r| r["health"] == "healthy").count() == 3)
+                    .is_some_and(|a| a.iter().filter(|r| r["health"] == "healthy").count() == n)
         })
         .await;
     }
@@ -333,6 +370,227 @@ async fn a_throttling_limit_holds_for_the_fleet() {
             e.id(),
             st.max_running
         );
+    }
+}
+
+/// Sends a chat request with a tenant's key: (status, `Retry-After` in seconds,
+/// `x-ratelimit-remaining-requests`).
+async fn send_as(
+    c: &reqwest::Client,
+    g: &GatewayProc,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, Option<u64>, Option<u64>) {
+    let r = c
+        .post(g.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let remaining = r
+        .headers()
+        .get("x-ratelimit-remaining-requests")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let status = r.status().as_u16();
+    let _ = r.bytes().await;
+    (status, retry, remaining)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_requests_per_minute_hold_for_the_fleet() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let fleet = sims(1, "m", "e", 100.0).await;
+    // 5 a minute: one more every 12 s, far longer than the 12 requests below take.
+    let tenants = "tenants:\n  - {name: team, keys: [sk-team], limits: {requests_per_minute: 5}}\n";
+    let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
+    let c = reqwest::Client::new();
+    let (mut ok, mut refused) = (0, 0);
+    let mut remaining = Vec::new();
+    for i in 0..12 {
+        let (st, retry, left) =
+            send_as(&c, &gws[i % 2], "sk-team", &chat(&format!("q{i}"), 2)).await;
+        match st {
+            200 => {
+                ok += 1;
+                remaining.push(left);
+            }
+            429 => {
+                assert!(
+                    retry.is_some_and(|s| s >= 1),
+                    "a refusal without Retry-After"
+                );
+                refused += 1;
+            }
+            s => panic!("request {i}: status {s}"),
+        }
+    }
+    // Each replica alone would admit 5 (10 in all).
+    assert_eq!((ok, refused), (5, 7), "admitted, refused");
+    // The headers count down the fleet's requests, whichever replica answered.
+    assert_eq!(remaining, [Some(4), Some(3), Some(2), Some(1), Some(0)]);
+    let m = gws[1].metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tokengate_cluster_local_fallbacks_total{what=\"tenant\"}"
+        ),
+        Some(0.0),
+        "the fleet's count was not used: {m}"
+    );
+    // Redis gone: each replica's own limit (r2 admitted 2 of its 6, the fleet's refusals
+    // given back to its own bucket: 3 left there).
+    redis.kill();
+    let mut statuses = Vec::new();
+    for i in 0..5 {
+        statuses.push(
+            send_as(&c, &gws[1], "sk-team", &chat(&format!("d{i}"), 2))
+                .await
+                .0,
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let m = gws[1].metrics().await;
+    assert!(
+        metric(
+            &m,
+            "tokengate_cluster_local_fallbacks_total{what=\"tenant\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "no local fallback counted: {m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_admission_reads_the_session_in_the_same_round_trip() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = sims(3, "m", "e", 100.0).await;
+    let tenants = "tenants:\n  - {name: team, keys: [sk-team], limits: {requests_per_minute: 1000, concurrency: 50}}\n";
+    let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
+    let c = reqwest::Client::new();
+    // Six sessions of three turns, each turn through the other replica with a prompt that
+    // shares nothing with the last: only the fleet's binding keeps a session in place.
+    for s in 0..6 {
+        let mut home = None;
+        for turn in 0..3 {
+            let r = c
+                .post(gws[(s + turn) % 2].url("/v1/chat/completions"))
+                .bearer_auth("sk-team")
+                .header("x-session-id", format!("sess-{s}"))
+                .json(&chat(&words(&format!("s{s}t{turn}w"), 40), 2))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let inst = r.headers()["x-tokengate-instance"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            match &home {
+                None => home = Some(inst),
+                Some(h) => assert_eq!(&inst, h, "session {s} turn {turn} left its instance"),
+            }
+        }
+    }
+    // One Redis call per request before routing: the tenant's script, no session read.
+    let mut calls = [0.0; 2];
+    for g in &gws {
+        let m = g.metrics().await;
+        let get = |op: &str| {
+            metric(
+                &m,
+                &format!("tokengate_cluster_redis_calls_total{{op=\"{op}\",result=\"ok\"}}"),
+            )
+            .unwrap_or(0.0)
+        };
+        calls[0] += get("tenant");
+        calls[1] += get("session_get");
+    }
+    assert_eq!(calls, [18.0, 0.0], "tenant scripts, session reads");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_answer_is_charged_to_the_fleets_tokens() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = sims(1, "m", "e", 100.0).await;
+    // 300 output tokens a minute: 5 a second come back.
+    let tenants =
+        "tenants:\n  - {name: team, keys: [sk-team], limits: {output_tokens_per_minute: 300}}\n";
+    let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
+    let c = reqwest::Client::new();
+    // Through r1: 10 reserved (max_tokens), 250 used (the engine ignores max_tokens here).
+    let r = c
+        .post(gws[0].url("/v1/chat/completions"))
+        .bearer_auth("sk-team")
+        .header("x-sim-output-tokens", "250")
+        .json(&chat("a long one", 10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 250);
+    // Settled on Redis off the request's path: 300 - 250, plus what came back since.
+    eventually("the fleet's bucket charged with the 250 used", || async {
+        redis.hget("t:tenant:team", "o").is_some_and(|l| l < 100.0)
+    })
+    .await;
+    // So r2, whose own bucket is full, refuses 100 more until about 10 s have refilled it.
+    let (st, retry, _) = send_as(&c, &gws[1], "sk-team", &chat("next", 100)).await;
+    assert_eq!(st, 429, "r2 admitted 100 tokens the fleet does not have");
+    assert!(retry.is_some_and(|s| s >= 2), "Retry-After {retry:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_concurrency_holds_for_the_fleet() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = vec![slow_sim("e1").await];
+    let tenants = "tenants:\n  - {name: team, keys: [sk-team], limits: {concurrency: 2}}\n";
+    let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
+    let c = reqwest::Client::new();
+    // Eight requests at once, four through each replica, each holding its engine for 5 s
+    // (1,000 decode steps of 5 ms): each replica alone would let 2 run, 4 in all.
+    let reqs: Vec<_> = (0..8)
+        .map(|i| {
+            let c = c.clone();
+            let url = gws[i % 2].url("/v1/chat/completions");
+            let b = chat(&format!("long {i}"), 1000);
+            tokio::spawn(async move {
+                let r = c
+                    .post(url)
+                    .bearer_auth("sk-team")
+                    .json(&b)
+                    .send()
+                    .await
+                    .unwrap();
+                let st = r.status().as_u16();
+                let _ = r.bytes().await;
+                st
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for r in reqs {
+        statuses.push(r.await.unwrap());
+    }
+    statuses.sort();
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429, 429, 429]);
+    assert!(fleet[0].stats().max_running <= 2, "{:?}", fleet[0].stats());
+    // Both slots come back: requests through either replica are admitted again.
+    for g in &gws {
+        eventually("the tenant's fleet slots are free again", || async {
+            send_as(&c, g, "sk-team", &chat("short", 1)).await.0 == 200
+        })
+        .await;
     }
 }
 
@@ -557,6 +815,51 @@ async fn redis_killed_and_restarted_under_load_fails_no_request() {
             .count();
         assert_eq!(warned, 1, "one warning per outage, got {warned}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_come_back_after_redis_restarts_empty() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let fleet = vec![slow_sim("e1").await];
+    let gws = replicas_n(
+        &redis,
+        2,
+        &service(&fleet, "    throttling: {overflow: reject, total: 2}\n"),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    // Two long requests through r1 take the fleet's two slots of e1 (5 s each).
+    let holds: Vec<_> = (0..2)
+        .map(|i| {
+            let (c, url) = (c.clone(), gws[0].url("/v1/chat/completions"));
+            let b = chat(&format!("long {i}"), 1000);
+            tokio::spawn(async move { c.post(url).json(&b).send().await.unwrap().status() })
+        })
+        .collect();
+    let key = "t:lease:m:e1:total";
+    eventually("both slots leased", || async {
+        redis.zcard(key) == Some(2)
+    })
+    .await;
+    // Redis loses everything; r1's next heartbeat adds its two live leases back.
+    redis.restart_empty();
+    eventually("the live leases are back in the new Redis", || async {
+        redis.zcard(key) == Some(2)
+    })
+    .await;
+    eventually("r2 uses Redis again", || async {
+        admin(&gws[1], "/admin/cluster").await["state"] == "ok"
+    })
+    .await;
+    // So r2 finds e1 full while they run (without them it would take a third slot).
+    let (st, _, _) = send(&c, &gws[1], &chat("third", 1), None).await;
+    assert_eq!(st, 429, "r2 took a slot the fleet does not have");
+    for h in holds {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    assert!(fleet[0].stats().max_running <= 2, "{:?}", fleet[0].stats());
 }
 
 #[test]

@@ -29,7 +29,9 @@
 //! `/admin/instances` and the status page say so): requests route on local state (the
 //! local limits still hold per replica) and make no Redis call at all; the heartbeat loop
 //! probes Redis with a growing backoff and, when it answers, the replica is back (one
-//! line in the log). A Redis restarted empty fills again from live traffic.
+//! line in the log). A Redis restarted empty fills again from live traffic; each replica's
+//! first heartbeat to it adds back the leases its running requests hold (and a tenant's
+//! per-minute buckets start full).
 
 pub mod wire;
 
@@ -71,18 +73,27 @@ return 0
 
 /// The heartbeat: the replica's score in the replica set, the departed dropped, and the
 /// renewal of its live leases (KEYS[2..] their sets, ARGV[4..] their members).
-/// KEYS[1] the replica set; ARGV replica id, lease ms, forget-after ms.
+/// KEYS[1] the replica set; ARGV replica id, lease ms, forget-after ms. A lease is renewed
+/// only while it is there (a lease released meanwhile is not brought back), except when the
+/// replica itself was not registered: Redis lost its data (restarted empty) or forgot the
+/// replica, and its live leases are added again, so the fleet counts the requests that still
+/// hold them (one released while the heartbeat was under way is removed again after it).
+/// Returns 1 when it re-registered, else 0.
 const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now, ARGV[1])
+local fresh = redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
 local ttl = tonumber(ARGV[2])
 for i = 2, #KEYS do
-  redis.call('ZADD', KEYS[i], 'XX', now + ttl, ARGV[i + 2])
+  if fresh == 1 then
+    redis.call('ZADD', KEYS[i], now + ttl, ARGV[i + 2])
+  else
+    redis.call('ZADD', KEYS[i], 'XX', now + ttl, ARGV[i + 2])
+  end
   redis.call('PEXPIRE', KEYS[i], ttl * 2)
 end
-return now
+return fresh
 ";
 
 /// The replica set with Redis's time: `{now, id, score, id, score, ...}`.
@@ -116,6 +127,152 @@ end
 return out
 ";
 
+/// A tenant's fleet-wide limits: its per-minute buckets in one hash (`tenant:<name>`:
+/// fields `r`, `i`, `o` the levels of requests, input and output tokens, `at` when they were
+/// last refilled, by Redis's clock) refilled and taken like the local ones
+/// ([`crate::tenants`]), and its requests in flight as leases (`tenant:<name>:inflight`)
+/// like the throttling slots. KEYS[1] the hash, KEYS[2] the lease set, KEYS[3] (optional) a
+/// session binding read in the same round trip; ARGV the three per-minute limits (0: none),
+/// the concurrency limit (0: none), the input and output tokens to reserve, the lease
+/// member and the lease ms. Returns {admitted 1/0, the limit refusing (1 requests, 2 input,
+/// 3 output, 4 concurrency), ms until it would admit, the session's binding or nil, and
+/// for each per-minute limit what remains after this request (-1: no such limit, or
+/// refused)}.
+const TENANT_ADMIT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local session = false
+if #KEYS >= 3 then session = redis.call('GET', KEYS[3]) end
+local conc = tonumber(ARGV[4])
+if conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if redis.call('ZCARD', KEYS[2]) >= conc then return {0, 4, 1000, session, -1, -1, -1} end
+end
+local h = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'at')
+local dt = math.max(now - (tonumber(h[4]) or now), 0)
+local needs = {1, tonumber(ARGV[5]), tonumber(ARGV[6])}
+local levels = {}
+local any = false
+for k = 1, 3 do
+  local limit = tonumber(ARGV[k])
+  if limit > 0 then
+    any = true
+    local l = math.min((tonumber(h[k]) or limit) + dt * limit / 60000, limit)
+    local need = math.min(needs[k], limit)
+    if l < need then
+      return {0, k, math.ceil((need - l) * 60000 / limit), session, -1, -1, -1}
+    end
+    levels[k] = l - needs[k]
+  end
+end
+if any then
+  local f = {'r', 'i', 'o'}
+  for k = 1, 3 do
+    if levels[k] then redis.call('HSET', KEYS[1], f[k], tostring(levels[k])) end
+  end
+  redis.call('HSET', KEYS[1], 'at', now)
+  redis.call('PEXPIRE', KEYS[1], 120000)
+end
+if conc > 0 then
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[8]), ARGV[7])
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[8]) * 2)
+end
+local left = {-1, -1, -1}
+for k = 1, 3 do
+  if levels[k] then left[k] = math.max(0, math.floor(levels[k])) end
+end
+return {1, 0, 0, session, left[1], left[2], left[3]}
+";
+
+/// Settles a tenant's request in its fleet-wide buckets: gives back what was reserved and
+/// not used (`ARGV[4..6]` per bucket, negative: used more than reserved), after refilling
+/// all three to now. KEYS[1] the hash; ARGV[1..3] the per-minute limits (0: none).
+const TENANT_SETTLE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local h = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'at')
+local dt = math.max(now - (tonumber(h[4]) or now), 0)
+local f = {'r', 'i', 'o'}
+for k = 1, 3 do
+  local limit = tonumber(ARGV[k])
+  if limit > 0 then
+    local l = math.min((tonumber(h[k]) or limit) + dt * limit / 60000, limit)
+    l = math.min(l + tonumber(ARGV[k + 3]), limit)
+    redis.call('HSET', KEYS[1], f[k], tostring(l))
+  end
+end
+redis.call('HSET', KEYS[1], 'at', now)
+redis.call('PEXPIRE', KEYS[1], 120000)
+return 1
+";
+
+/// A tenant's limits as the fleet-wide script takes them (0: no such limit).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TenantLimits {
+    pub per_minute: [u64; 3],
+    pub concurrency: u64,
+}
+
+/// The answer of [`Cluster::admit_tenant`].
+pub enum TenantAdmission {
+    /// Admitted fleet-wide: its concurrency lease (when the tenant has that limit), and the
+    /// session binding read along (when one was asked for).
+    Admitted {
+        hold: TenantHold,
+        session: Option<String>,
+    },
+    /// Refused: which limit (1 requests, 2 input, 3 output, 4 concurrency), and when to
+    /// retry.
+    Refused { limit: u8, retry_after: Duration },
+    /// Redis did not answer: the local limits alone decide (per replica).
+    Unknown,
+}
+
+/// A request's hold on its tenant's fleet-wide limits: its concurrency lease (given back
+/// when dropped or [`TenantHold::release`]d) and the settlement of its tokens.
+pub struct TenantHold {
+    /// What the fleet's buckets held after this request (requests, input, output; `None`:
+    /// no such limit), for its `x-ratelimit-remaining-*` headers.
+    pub remaining: [Option<u64>; 3],
+    cluster: Arc<Cluster>,
+    key: String,
+    limits: TenantLimits,
+    lease: Option<Lease>,
+}
+
+impl std::fmt::Debug for TenantHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TenantHold({})", self.key)
+    }
+}
+
+impl TenantHold {
+    /// Gives the concurrency lease back (the answer ended).
+    pub fn release(&mut self) {
+        self.lease = None;
+    }
+
+    /// Corrects the fleet's buckets by `give_back` (requests, input, output; reserved minus
+    /// used), off the request's path, and gives the lease back.
+    pub fn settle(mut self, give_back: [i64; 3]) {
+        self.lease = None;
+        let l = self.limits.per_minute;
+        if give_back
+            .iter()
+            .zip(l)
+            .all(|(d, limit)| *d == 0 || limit == 0)
+        {
+            return;
+        }
+        let key = std::mem::take(&mut self.key);
+        self.cluster.send(Op::Settle {
+            key,
+            limits: l,
+            give_back,
+        });
+    }
+}
+
 /// A write for the writer task.
 enum Op {
     Publish(Vec<u8>),
@@ -127,7 +284,13 @@ enum Op {
     Release {
         key: String,
         member: String,
-        event: Vec<u8>,
+        /// The event that wakes the other replicas' queues (none for a tenant's lease).
+        event: Option<Vec<u8>>,
+    },
+    Settle {
+        key: String,
+        limits: [u64; 3],
+        give_back: [i64; 3],
     },
 }
 
@@ -210,7 +373,7 @@ impl ClusterMetrics {
                 calls.with_label_values(&[op, result]);
             }
         }
-        for what in ["session", "lease"] {
+        for what in ["session", "lease", "tenant"] {
             fallbacks.with_label_values(&[what]);
         }
         for kind in ["placed", "trimmed", "released"] {
@@ -228,9 +391,10 @@ impl ClusterMetrics {
 }
 
 /// The Redis operations counted in `tokengate_cluster_redis_calls_total{op}`.
-const OPS: [&str; 6] = [
+const OPS: [&str; 7] = [
     "session_get",
     "lease",
+    "tenant",
     "write",
     "heartbeat",
     "members",
@@ -259,7 +423,7 @@ impl ClusterMetrics {
                 },
             },
             "events_applied": {"placed": applied("placed"), "trimmed": applied("trimmed"), "released": applied("released")},
-            "local_fallbacks": {"session": fallback("session"), "lease": fallback("lease")},
+            "local_fallbacks": {"session": fallback("session"), "lease": fallback("lease"), "tenant": fallback("tenant")},
             "writes_dropped": self.dropped.get(),
         })
     }
@@ -285,6 +449,7 @@ pub struct Cluster {
     leases: Mutex<HashMap<u64, (String, String)>>,
     next_lease: AtomicU64,
     acquire: redis::Script,
+    tenant_script: redis::Script,
     heartbeat_script: redis::Script,
     members_script: redis::Script,
     load_script: redis::Script,
@@ -330,14 +495,16 @@ impl Drop for Lease {
         let Some((key, member)) = self.cluster.leases.lock().remove(&self.id) else {
             return;
         };
-        let event = Event {
-            kind: Kind::Released,
-            origin: self.cluster.replica.clone(),
-            service: std::mem::take(&mut self.service),
-            instance: String::new(),
-            blocks: Vec::new(),
-        }
-        .encode();
+        let event = (!self.service.is_empty()).then(|| {
+            Event {
+                kind: Kind::Released,
+                origin: self.cluster.replica.clone(),
+                service: std::mem::take(&mut self.service),
+                instance: String::new(),
+                blocks: Vec::new(),
+            }
+            .encode()
+        });
         self.cluster.send(Op::Release { key, member, event });
     }
 }
@@ -384,6 +551,7 @@ impl Cluster {
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(0),
             acquire: redis::Script::new(ACQUIRE),
+            tenant_script: redis::Script::new(TENANT_ADMIT),
             heartbeat_script: redis::Script::new(HEARTBEAT),
             members_script: redis::Script::new(MEMBERS),
             load_script: redis::Script::new(LOAD_SYNC),
@@ -587,6 +755,92 @@ impl Cluster {
         }
     }
 
+    /// The key of a session's binding (for [`Cluster::admit_tenant`]'s read along).
+    pub fn session_ref(&self, scope: &str, s: SessionKey) -> String {
+        self.session_key(scope, s)
+    }
+
+    /// Takes a request of tenant `name` off its fleet-wide limits (`input`, `output` tokens
+    /// reserved), reading `session` (a [`Cluster::session_ref`]) in the same round trip.
+    pub async fn admit_tenant(
+        self: &Arc<Self>,
+        name: &str,
+        limits: TenantLimits,
+        input: u64,
+        output: u64,
+        session: Option<&str>,
+    ) -> TenantAdmission {
+        if !self.usable() {
+            self.m.fallbacks.with_label_values(&["tenant"]).inc();
+            return TenantAdmission::Unknown;
+        }
+        let key = self.key(&format!("tenant:{name}"));
+        let lease_key = format!("{key}:inflight");
+        let id = self.next_lease.fetch_add(1, Relaxed);
+        let member = format!("{}#{id}", self.replica);
+        let script = self.tenant_script.clone();
+        let (k, lk, mb, ms) = (
+            key.clone(),
+            lease_key.clone(),
+            member.clone(),
+            self.lease_ms,
+        );
+        let sk = session.map(str::to_string);
+        let t = std::time::Instant::now();
+        let r = self
+            .call("tenant", |mut c| async move {
+                let mut inv = script.key(&k);
+                inv.key(&lk);
+                if let Some(sk) = &sk {
+                    inv.key(sk);
+                }
+                inv.arg(&limits.per_minute[..])
+                    .arg(limits.concurrency)
+                    .arg(input)
+                    .arg(output)
+                    .arg(&mb)
+                    .arg(ms);
+                inv.invoke_async::<(i64, i64, i64, Option<String>, i64, i64, i64)>(&mut c)
+                    .await
+            })
+            .await;
+        self.m.rtt.observe(t.elapsed().as_secs_f64());
+        match r {
+            Some((1, _, _, session, r, i, o)) => {
+                let lease = (limits.concurrency > 0).then(|| {
+                    self.leases.lock().insert(id, (lease_key, member));
+                    Lease {
+                        cluster: self.clone(),
+                        id,
+                        service: String::new(),
+                        prefill: false,
+                    }
+                });
+                let left = |v: i64| u64::try_from(v).ok();
+                TenantAdmission::Admitted {
+                    hold: TenantHold {
+                        remaining: [left(r), left(i), left(o)],
+                        cluster: self.clone(),
+                        key,
+                        limits,
+                        lease,
+                    },
+                    session,
+                }
+            }
+            Some((_, limit, ms, ..)) => TenantAdmission::Refused {
+                limit: limit.clamp(1, 4) as u8,
+                retry_after: Duration::from_millis(ms.max(1) as u64),
+            },
+            None => {
+                // A lease may have been taken without the answer arriving: it expires
+                // unrenewed.
+                self.m.fallbacks.with_label_values(&["tenant"]).inc();
+                TenantAdmission::Unknown
+            }
+        }
+    }
+
     /// How often the replicas exchange their in-flight figures: a tenth of the heartbeat,
     /// 50 ms to 1 s.
     pub fn load_every(&self) -> Duration {
@@ -734,7 +988,16 @@ async fn heartbeat_loop(c: &Arc<Cluster>, mut stop: pingora::server::ShutdownWat
     let forget = hb.as_millis() as u64 * 10;
     let mut backoff = Duration::from_millis(100);
     loop {
-        let leases: Vec<(String, String)> = c.leases.lock().values().cloned().collect();
+        let snapshot: Vec<(u64, String, String)> = c
+            .leases
+            .lock()
+            .iter()
+            .map(|(id, (k, m))| (*id, k.clone(), m.clone()))
+            .collect();
+        let leases: Vec<(String, String)> = snapshot
+            .iter()
+            .map(|(_, k, m)| (k.clone(), m.clone()))
+            .collect();
         let script = c.heartbeat_script.clone();
         let (replicas, id, lease_ms) = (c.key("replicas"), c.replica.clone(), c.lease_ms);
         let conn = c.conn.get().cloned();
@@ -754,9 +1017,26 @@ async fn heartbeat_loop(c: &Arc<Cluster>, mut stop: pingora::server::ShutdownWat
             None => return,
         };
         let next = match r {
-            Ok(Ok(_)) => {
+            Ok(Ok(fresh)) => {
                 c.answered("heartbeat");
                 c.recovered();
+                if fresh == 1 {
+                    // Re-registered: the script added back every lease of the snapshot; one
+                    // given back since (its removal may have reached Redis first) goes again.
+                    let held = c.leases.lock();
+                    let gone: Vec<_> = snapshot
+                        .into_iter()
+                        .filter(|(id, _, _)| !held.contains_key(id))
+                        .collect();
+                    drop(held);
+                    for (_, key, member) in gone {
+                        c.send(Op::Release {
+                            key,
+                            member,
+                            event: None,
+                        });
+                    }
+                }
                 backoff = Duration::from_millis(100);
                 hb
             }
@@ -810,7 +1090,22 @@ async fn write_loop(c: Arc<Cluster>, mut rx: mpsc::Receiver<Op>) {
                 }
                 Op::Release { key, member, event } => {
                     p.cmd("ZREM").arg(key).arg(member).ignore();
-                    p.cmd("PUBLISH").arg(&events).arg(event).ignore();
+                    if let Some(event) = event {
+                        p.cmd("PUBLISH").arg(&events).arg(event).ignore();
+                    }
+                }
+                Op::Settle {
+                    key,
+                    limits,
+                    give_back,
+                } => {
+                    p.cmd("EVAL")
+                        .arg(TENANT_SETTLE)
+                        .arg(1)
+                        .arg(key)
+                        .arg(&limits[..])
+                        .arg(&give_back[..])
+                        .ignore();
                 }
             }
         }

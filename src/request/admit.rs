@@ -31,6 +31,8 @@ pub struct Admitted {
     pub info: RequestInfo,
     /// Its tenant's hold on the limits (a gateway with keys).
     pub ticket: Option<Ticket>,
+    /// Its session's fleet binding, read along with the tenant's fleet-wide admission.
+    pub fleet_session: Option<Box<FleetSession>>,
 }
 
 pub use crate::tenants::ct_eq;
@@ -39,17 +41,20 @@ fn header_str<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
     req.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// Anthropic's key header, parsed once.
+pub const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// The key a client presented: `Authorization: Bearer …` (OpenAI SDKs) or `x-api-key`
 /// (Anthropic SDKs).
 fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
-    if let Some(v) = req.headers.get("authorization") {
+    if let Some(v) = req.headers.get(http::header::AUTHORIZATION) {
         let v = v.as_bytes();
         if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
             return Some(v[7..].trim_ascii());
         }
     }
     req.headers
-        .get("x-api-key")
+        .get(X_API_KEY)
         .map(|v| v.as_bytes().trim_ascii())
 }
 
@@ -101,6 +106,7 @@ pub async fn admit(
     session: &mut Session,
     ctx: &mut Ctx,
     rt: Arc<Runtime>,
+    cluster: Option<&Arc<crate::cluster::Cluster>>,
 ) -> Result<Option<Admitted>> {
     let req = session.req_header();
     let path = req.uri.path();
@@ -177,7 +183,7 @@ pub async fn admit(
             return Ok(None);
         }
     };
-    let ticket = match ctx.tenant.clone() {
+    let mut ticket = match ctx.tenant.clone() {
         Some(t) => match tenant_gate(&t, &rt, &info) {
             Ok(ticket) => Some(ticket),
             Err((reason, e, retry_after)) => {
@@ -188,13 +194,91 @@ pub async fn admit(
         },
         None => None,
     };
+    let mut fleet_session = None;
+    if let (Some(c), Some(tk)) = (cluster, ticket.as_mut()) {
+        // Boxed: the admission of every request does not carry this future's state.
+        match Box::pin(fleet_gate(c, tk, &rt, session.req_header(), &info, api)).await {
+            Ok(s) => fleet_session = s.map(Box::new),
+            Err(r) => {
+                let t = tk.tenant.clone();
+                if let Some(tk) = ticket.take() {
+                    tk.refund();
+                }
+                let (reason, e, retry_after) = over_limit(&t, r);
+                ctx.tenant_refused = Some(reason);
+                reject_after(session, ctx, e.status(), e, retry_after).await?;
+                return Ok(None);
+            }
+        }
+    }
     Ok(Some(Admitted {
         api,
         runtime: rt,
         body,
         info,
         ticket,
+        fleet_session,
     }))
+}
+
+/// The tenant's fleet-wide limits (`cluster:`), after its local ones admitted the request:
+/// one Redis round trip, which also reads the binding of the request's session (the read
+/// the routing path would make; it is handed to it). `Ok`: admitted (or Redis away: the
+/// local limits alone hold, per replica), with the session's binding when read.
+async fn fleet_gate(
+    c: &Arc<crate::cluster::Cluster>,
+    ticket: &mut Ticket,
+    rt: &Runtime,
+    req: &RequestHeader,
+    info: &RequestInfo,
+    api: Api,
+) -> Result<Option<FleetSession>, tenants::Refusal> {
+    use crate::cluster::TenantAdmission;
+    let Some(limits) = tenants::fleet_limits(&ticket.tenant.limits) else {
+        return Ok(None);
+    };
+    let target = rt
+        .resolve(&info.model)
+        .and_then(|d| d.session_target(&req.headers, info, api));
+    let key = target.as_ref().map(|(scope, s)| c.session_ref(scope, *s));
+    let (input, output) = ticket.reserved();
+    let name = ticket.tenant.name.clone();
+    match c
+        .admit_tenant(&name, limits, input, output, key.as_deref())
+        .await
+    {
+        TenantAdmission::Admitted { hold, session } => {
+            ticket.attach_fleet(hold);
+            Ok(target.map(|(scope, s)| (scope, s, session)))
+        }
+        TenantAdmission::Refused { limit, retry_after } => Err(tenants::Refusal {
+            over: match limit {
+                1 => tenants::Over::Requests,
+                2 => tenants::Over::InputTokens,
+                3 => tenants::Over::OutputTokens,
+                _ => tenants::Over::Concurrency,
+            },
+            retry_after,
+        }),
+        TenantAdmission::Unknown => Ok(None),
+    }
+}
+
+/// A session's fleet binding read at admission: the table's name, the session, the id.
+type FleetSession = (String, tokengate_plugins::SessionKey, Option<String>);
+
+/// A limit's refusal as the reason, the error and the `Retry-After` of the answer.
+fn over_limit(t: &Tenant, r: tenants::Refusal) -> (&'static str, GatewayError, Option<Duration>) {
+    let what = r.over.reason();
+    (
+        what,
+        GatewayError::TooManyRequests(format!(
+            "tenant {} is over its {what} limit; retry in {} ms",
+            t.name,
+            r.retry_after.as_millis()
+        )),
+        Some(r.retry_after),
+    )
 }
 
 /// The tenant may call the model (by the name sent, or the service or route it resolves
@@ -219,18 +303,7 @@ fn tenant_gate(
         ));
     }
     let output = info.max_tokens.unwrap_or(tenants::DEFAULT_OUTPUT_RESERVE);
-    tenants::admit(t, info.prompt_tokens_est, output).map_err(|r| {
-        let what = r.over.reason();
-        (
-            what,
-            GatewayError::TooManyRequests(format!(
-                "tenant {} is over its {what} limit; retry in {} ms",
-                t.name,
-                r.retry_after.as_millis()
-            )),
-            Some(r.retry_after),
-        )
-    })
+    tenants::admit(t, info.prompt_tokens_est, output).map_err(|r| over_limit(t, r))
 }
 
 /// `GET /v1/models`, `GET /health`, and the errors for every other path.

@@ -19,38 +19,44 @@ use crate::throttle::Scope;
 use std::sync::Arc;
 use tokengate_plugins::{InstanceKey, Role};
 
-/// The name of a scheduler's session table in Redis (services and routes may share names).
+/// The name of a scheduler's session table in Redis (see [`Dest::session_target`]).
 fn scope(by: &ChosenBy) -> Option<String> {
     match by {
-        ChosenBy::Service(s) => Some(format!("svc/{}", s.name)),
-        ChosenBy::Route(r) => Some(format!("route/{}", r.name)),
+        ChosenBy::Service(s) => Some(crate::runtime::service_sessions(&s.name)),
+        ChosenBy::Route(r) => Some(crate::runtime::route_sessions(&r.name)),
         ChosenBy::Decode => None,
     }
 }
 
 /// Reads the session's binding in the fleet and applies it to the local table (the one
-/// Redis round trip of an unthrottled request; none without a session key).
+/// Redis round trip of an unthrottled request; none without a session key, and none when
+/// the tenant's fleet-wide admission read it along, see [`super::admit`]).
 pub async fn fetch_session(shared: &Shared, plan: &Plan, headers: &http::HeaderMap) {
     let Some(c) = shared.cluster.as_ref() else {
         return;
     };
-    let (by, instances): (ChosenBy, Vec<&Arc<crate::runtime::Instance>>) = match &plan.dest {
-        Dest::Service(s) => (ChosenBy::Service(s.clone()), s.instances.iter().collect()),
-        Dest::Route(r) if r.scheduler().is_some() => (
-            ChosenBy::Route(r.clone()),
+    let Some((name, s)) = plan.dest.session_target(headers, &plan.info, plan.api) else {
+        return;
+    };
+    let (table, instances): (_, Vec<&Arc<crate::runtime::Instance>>) = match &plan.dest {
+        Dest::Service(s) => (s.sched.sessions.as_ref(), s.instances.iter().collect()),
+        Dest::Route(r) => (
+            r.scheduler().and_then(|s| s.sessions.as_ref()),
             r.targets.iter().flat_map(|s| s.instances.iter()).collect(),
         ),
-        _ => return,
+        Dest::Split(_) => return,
     };
-    let Some(sched) = by.scheduler() else { return };
-    let Some(table) = sched.sessions.as_ref() else {
-        return;
+    let Some(table) = table else { return };
+    let prefetched = plan
+        .fleet_session
+        .as_deref()
+        .filter(|(n, k, _)| *n == name && *k == s)
+        .map(|(_, _, bound)| bound.clone());
+    let bound = match prefetched {
+        Some(bound) => bound,
+        None => c.session(&name, s).await,
     };
-    let Some(s) = sched.session_key(headers, &plan.info, plan.api) else {
-        return;
-    };
-    let Some(name) = scope(&by) else { return };
-    let Some(id) = c.session(&name, s).await else {
+    let Some(id) = bound else {
         return;
     };
     if let Some(i) = instances.iter().find(|i| i.id == id) {

@@ -247,14 +247,7 @@ fn tenant_accounting(
         .completion
         .unwrap_or(if started { reserved_out } else { 0 });
     ticket.settle(input, output);
-    let model = plan.dest.name();
-    m.requests.with_label_values(&[&t.name, model]).inc();
-    m.tokens
-        .with_label_values(&[&t.name, model, "input"])
-        .inc_by(input);
-    m.tokens
-        .with_label_values(&[&t.name, model, "output"])
-        .inc_by(output);
+    t.count(m, plan.dest.name(), input, output);
 }
 
 /// How the answer ended, the `outcome` of `tokengate_requests_total` and the access line:

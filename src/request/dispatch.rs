@@ -383,9 +383,9 @@ pub fn upstream_request(up: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
             up.remove_header("x-api-key");
             up.insert_header("authorization", auth)?;
         } else if !plan.forward_auth {
-            // The client's key is the gateway's, not the engine's.
-            up.remove_header("authorization");
-            up.remove_header("x-api-key");
+            // The client's key is the gateway's, not the engine's (names parsed once).
+            up.remove_header(&http::header::AUTHORIZATION);
+            up.remove_header(&super::admit::X_API_KEY);
         }
         if let Some(l) = local {
             up.insert_header("host", l.instance.host_header.clone())?;
@@ -501,9 +501,14 @@ pub fn response_header(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
         resp.insert_header("x-tokengate-instance", l.id_header())?;
     }
     if let Some(t) = ctx.tenant.as_deref() {
-        for (k, v) in crate::tenants::headers(t) {
-            resp.insert_header(k, v)?;
-        }
+        let mut r = Ok(());
+        let ticket = ctx.plan.as_ref().and_then(|p| p.ticket.as_ref());
+        crate::tenants::headers(t, ticket, |k, v| {
+            if r.is_ok() {
+                r = resp.insert_header(k, v);
+            }
+        });
+        r?;
     }
     if routing && !ctx.reason.is_empty() {
         // Static reasons are shared, not copied.

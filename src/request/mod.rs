@@ -68,6 +68,10 @@ pub struct Plan {
     pub hop: bool,
     /// Its hold on its tenant's limits, settled when the request completes.
     pub ticket: Option<crate::tenants::Ticket>,
+    /// The session's fleet binding read along with the tenant's fleet-wide admission
+    /// (`cluster:`): the table's name in Redis, the session, the instance id bound.
+    /// (Boxed: every request's state carries the field, few requests a value.)
+    pub fleet_session: Option<Box<(String, tokengate_plugins::SessionKey, Option<String>)>>,
 }
 
 /// A decision-service call of a plan (for its trace span).
@@ -447,9 +451,13 @@ pub async fn respond_with(
         h.insert_header("retry-after", secs.max(1).to_string())?;
     }
     if let Some(t) = tenant {
-        for (k, v) in crate::tenants::headers(t) {
-            h.insert_header(k, v)?;
-        }
+        let mut r = Ok(());
+        crate::tenants::headers(t, None, |k, v| {
+            if r.is_ok() {
+                r = h.insert_header(k, v);
+            }
+        });
+        r?;
     }
     h.insert_header("content-type", content_type)?;
     h.insert_header("content-length", body.len().to_string())?;

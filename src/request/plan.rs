@@ -61,6 +61,7 @@ pub async fn plan(
         body,
         info,
         ticket,
+        fleet_session,
     } = a;
     // The split proxy first: an external entry takes the request as it is.
     let external = rt
@@ -114,6 +115,7 @@ pub async fn plan(
         strip_usage,
         hop,
         ticket,
+        fleet_session,
     };
     Ok((plan, upstream_body))
 }

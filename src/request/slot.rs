@@ -161,7 +161,10 @@ pub async fn take(
     tried: &[InstanceKey],
 ) -> Result<Result<Legs, Denied>> {
     // The session's binding in the fleet, before the pipeline looks at it.
-    super::cluster::fetch_session(shared, plan, asker.headers()).await;
+    // (Boxed: without `cluster:` a request's state does not carry this future's.)
+    if shared.cluster.is_some() {
+        Box::pin(super::cluster::fetch_session(shared, plan, asker.headers())).await;
+    }
     // While requests wait for this service, a newcomer queues (behind them, or where its
     // class and its tenant's share put it).
     let waiting = match &plan.dest {
