@@ -82,7 +82,7 @@ pub fn attempt_failed(shared: &Shared, ctx: &mut Ctx, plan: &Plan, retried_statu
     let mut pd = ctx.pd.take();
     if ctx.trace.is_some() {
         let state = pd.as_ref().map(|a| a.side.state());
-        trace_prefill(ctx.trace.as_deref_mut(), state);
+        trace_prefill(ctx.trace.as_mut(), state);
     }
     let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
     if let Some(a) = pd.as_mut() {
@@ -304,7 +304,7 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     let pd = ctx.pd.take();
     if ctx.trace.is_some() {
         let state = pd.as_ref().map(|a| a.side.state());
-        trace_prefill(ctx.trace.as_deref_mut(), state);
+        trace_prefill(ctx.trace.as_mut(), state);
     }
     let prefill_usage = pd.as_ref().and_then(|a| match a.side.state() {
         pd::State::Done { usage, .. } => Some(usage),
@@ -330,7 +330,7 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     let mut served_service = None;
     // The traced request's served leg: the engine's model, its address, the predicted hit.
     let traced = match (&ctx.trace, ctx.plan.as_ref()) {
-        (Some(_), Some(plan)) => legs
+        (Some(t), Some(plan)) if t.recording() => legs
             .iter()
             .filter(|l| l.role == LegRole::Main && l.dispatched.is_some())
             .find_map(|l| l.local())
@@ -557,38 +557,42 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         completion_tokens: u.completion,
         cached_tokens: u.cached,
     });
-    let trace_ids = ctx.trace.take().map(|t| {
-        let ids = t.ids();
-        let error_type = if status >= 500 {
-            Some(status.to_string())
-        } else if outcome == Outcome::Failed {
-            Some(e.map_or_else(|| "error".to_string(), |e| e.etype().as_str().to_string()))
-        } else {
-            None
-        };
-        let (model, address, predicted) = match &traced {
-            Some((m, a, p)) => (Some(m.as_str()), Some(a.clone()), Some(*p)),
-            None => (None, None, None),
-        };
-        t.finish(&crate::otel::Finished {
-            status,
-            upstream_status: ctx.response.upstream_status,
-            upstream_failed: upstream_failed(e, ctx.response.upstream_status),
-            error_type,
-            response_model: model,
-            input_tokens: u.prompt,
-            output_tokens: u.completion,
-            cached_tokens: u.cached,
-            instance: served_by.as_deref(),
-            address,
-            reason: &ctx.reason,
-            predicted_tokens: predicted,
-            ttft: ctx.response.ttft,
-        });
+    // Nothing of the access line is formatted when its target is off: the ids neither.
+    let access = log::log_enabled!(target: "access", log::Level::Info);
+    let trace_ids = ctx.trace.take().and_then(|t| {
+        let ids = access.then(|| t.ids());
+        // An unsampled request has no span to finish.
+        if t.recording() {
+            let error_type = if status >= 500 {
+                Some(status.to_string())
+            } else if outcome == Outcome::Failed {
+                Some(e.map_or_else(|| "error".to_string(), |e| e.etype().as_str().to_string()))
+            } else {
+                None
+            };
+            let (model, address, predicted) = match &traced {
+                Some((m, a, p)) => (Some(m.as_str()), Some(a.clone()), Some(*p)),
+                None => (None, None, None),
+            };
+            t.finish(&crate::otel::Finished {
+                status,
+                upstream_status: ctx.response.upstream_status,
+                upstream_failed: upstream_failed(e, ctx.response.upstream_status),
+                error_type,
+                response_model: model,
+                input_tokens: u.prompt,
+                output_tokens: u.completion,
+                cached_tokens: u.cached,
+                instance: served_by.as_deref(),
+                address,
+                reason: &ctx.reason,
+                predicted_tokens: predicted,
+                ttft: ctx.response.ttft,
+            });
+        }
         ids
     });
-    // Nothing of the access line is formatted when its target is off.
-    if log::log_enabled!(target: "access", log::Level::Info) {
+    if access {
         let req = session.req_header();
         let mut err = match &trace_ids {
             Some((t, s)) => format!(" trace_id={t} span_id={s}"),

@@ -313,7 +313,7 @@ pub struct Ctx {
     pub tenant: Option<Arc<crate::tenants::Tenant>>,
     pub tenant_refused: Option<&'static str>,
     /// The request's spans (`tracing:` configured, [`crate::otel`]); `None`: not traced.
-    pub trace: Option<Box<crate::otel::Trace>>,
+    pub trace: Option<crate::otel::Trace>,
 }
 
 impl Ctx {
@@ -396,7 +396,7 @@ pub struct Handoff {
     /// The request's followers (told by the subrequest how it ended).
     pub followers: Vec<Box<dyn crate::hook::Follower>>,
     /// The request's spans.
-    pub trace: Option<Box<crate::otel::Trace>>,
+    pub trace: Option<crate::otel::Trace>,
 }
 
 /// A fresh request id: 32 hex digits, a random per-process prefix and a counter (unique,
