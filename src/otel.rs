@@ -3,6 +3,10 @@
 //!
 //! * **Off** (no `tracing:`): [`crate::shared::Shared::otel`] holds `None`, a request's
 //!   [`crate::request::Ctx::trace`] stays `None`; no span object is ever created.
+//! * **Sampled out**: the sampler is asked before anything else ([`Otel::start`]); an
+//!   unsampled request's [`Trace`] is only its ids (no SDK span, no attribute formatted,
+//!   nothing gathered for a span at completion), enough for the `traceparent` (flagged not
+//!   sampled) its upstream requests carry.
 //! * **Spans**: the request's span (kind server) is started once the request is admitted
 //!   (its body parsed: a probe or a refused key makes none), at the request's arrival time,
 //!   and named `{gen_ai.operation.name} {gen_ai.request.model}` once planned; it carries the
