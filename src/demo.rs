@@ -48,48 +48,7 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
     }
     // Decision models on loopback (routes' decision services) are played by engine-sims in
     // decision mode.
-    let route_models: Vec<(String, String)> = cfg
-        .routes
-        .iter()
-        .filter_map(|r| r.decision.as_ref())
-        .filter_map(|d| Some((d.provider.clone(), d.model.clone()?)))
-        .collect();
-    for p in &mut cfg.providers {
-        // The model the sim serves: the provider's, else the first route's that asks it.
-        let model = p.model.clone().or_else(|| {
-            route_models
-                .iter()
-                .find(|(n, _)| *n == p.name)
-                .map(|(_, m)| m.clone())
-        });
-        let Some(model) = model else { continue };
-        let Some(hostport) = p
-            .base_url
-            .strip_prefix("http://")
-            .and_then(|r| r.split('/').next())
-            .filter(|h| h.starts_with("127.0.0.1:") || h.starts_with("localhost:"))
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        let sim = engine_sim::SimConfig {
-            id: p.name.clone(),
-            model,
-            time_scale: opts.time_scale,
-            decision_mode: true,
-            ..engine_sim::SimConfig::default()
-        };
-        let bind = hostport.replace("localhost:", "127.0.0.1:");
-        let h = rt
-            .block_on(async move {
-                let l = tokio::net::TcpListener::bind(&bind).await?;
-                engine_sim::start(sim, l).await
-            })
-            .with_context(|| format!("starting decision engine-sim {} on {hostport}", p.name))?;
-        p.base_url = format!("http://{}/v1", h.addr);
-        running.insert((PROVIDER.into(), p.name.clone()), p.base_url.clone());
-        handles.push(h);
-    }
+    start_decision_engines(&mut cfg, &rt, opts.time_scale, &mut running, &mut handles)?;
     // `-c FILE`: the gateway reloads a copy of the file with the engines' real addresses,
     // rewritten whenever the file changes (new instances get engines of their own).
     let reloads = match config {
@@ -123,85 +82,148 @@ pub fn run(config: Option<&Path>, opts: DemoOptions) -> anyhow::Result<()> {
         .copied()
         .context("no proxy listener")?;
     let admin = listeners.admin_addr().context("no admin listener")?;
+    print_banner(&cfg, handles.len(), proxy, admin)?;
+    // Keep the engines' runtime alive for the life of the process.
+    let _keep = (rt, handles);
+    server::run(cfg, listeners, reloads)
+}
+
+/// Engine-sims in decision mode for the providers on loopback (the decision models of routes'
+/// decision services), each recorded in `running` and kept in `handles`.
+fn start_decision_engines(
+    cfg: &mut Config,
+    rt: &tokio::runtime::Runtime,
+    time_scale: f64,
+    running: &mut HashMap<(String, String), String>,
+    handles: &mut Vec<engine_sim::SimHandle>,
+) -> anyhow::Result<()> {
+    let route_models: Vec<(String, String)> = cfg
+        .routes
+        .iter()
+        .filter_map(|r| r.decision.as_ref())
+        .filter_map(|d| Some((d.provider.clone(), d.model.clone()?)))
+        .collect();
+    for p in &mut cfg.providers {
+        // The model the sim serves: the provider's, else the first route's that asks it.
+        let model = p.model.clone().or_else(|| {
+            route_models
+                .iter()
+                .find(|(n, _)| *n == p.name)
+                .map(|(_, m)| m.clone())
+        });
+        let Some(model) = model else { continue };
+        let Some(hostport) = p
+            .base_url
+            .strip_prefix("http://")
+            .and_then(|r| r.split('/').next())
+            .filter(|h| h.starts_with("127.0.0.1:") || h.starts_with("localhost:"))
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let sim = engine_sim::SimConfig {
+            id: p.name.clone(),
+            model,
+            time_scale,
+            decision_mode: true,
+            ..engine_sim::SimConfig::default()
+        };
+        let bind = hostport.replace("localhost:", "127.0.0.1:");
+        let h = rt
+            .block_on(async move {
+                let l = tokio::net::TcpListener::bind(&bind).await?;
+                engine_sim::start(sim, l).await
+            })
+            .with_context(|| format!("starting decision engine-sim {} on {hostport}", p.name))?;
+        p.base_url = format!("http://{}/v1", h.addr);
+        running.insert((PROVIDER.into(), p.name.clone()), p.base_url.clone());
+        handles.push(h);
+    }
+    Ok(())
+}
+
+/// What the demo runs and requests to paste, on stdout.
+fn print_banner(
+    cfg: &Config,
+    engines: usize,
+    proxy: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+) -> std::io::Result<()> {
     let model = cfg
         .services
         .first()
         .map(|s| s.name.clone())
         .unwrap_or_default();
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "tokengate demo: {} engine-sims", handles.len())?;
-        for s in &cfg.services {
-            for i in &s.instances {
-                let role = match i.role {
-                    None => String::new(),
-                    Some(InstanceRole::Prefill) => match i.bootstrap_port {
-                        Some(p) => format!(" (prefill, bootstrap port {p})"),
-                        None => " (prefill)".into(),
-                    },
-                    Some(InstanceRole::Decode) => " (decode)".into(),
-                };
-                writeln!(
-                    out,
-                    "  engine-sim {:<10} model {:<12} http://{}{role}",
-                    i.id,
-                    s.served(),
-                    i.addr
-                )?;
-            }
-        }
-        for p in &cfg.providers {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "tokengate demo: {engines} engine-sims")?;
+    for s in &cfg.services {
+        for i in &s.instances {
+            let role = match i.role {
+                None => String::new(),
+                Some(InstanceRole::Prefill) => match i.bootstrap_port {
+                    Some(p) => format!(" (prefill, bootstrap port {p})"),
+                    None => " (prefill)".into(),
+                },
+                Some(InstanceRole::Decode) => " (decode)".into(),
+            };
             writeln!(
                 out,
-                "  decision model {} ({}) at {}",
-                p.name,
-                p.model.as_deref().unwrap_or("per route"),
-                p.base_url
+                "  engine-sim {:<10} model {:<12} http://{}{role}",
+                i.id,
+                s.served(),
+                i.addr
             )?;
         }
-        for r in &cfg.routes {
-            let t: Vec<&str> = r.targets.iter().map(|t| t.service.as_str()).collect();
-            writeln!(out, "  route {} -> {}", r.name, t.join(", "))?;
-        }
-        writeln!(out, "tokengate: proxy listening on http://{proxy}")?;
-        writeln!(out, "tokengate: admin listening on http://{admin}")?;
-        writeln!(out)?;
-        // The key is not printed (it may come from a secret): the commands read it from
-        // $TOKENGATE_KEY.
-        let auth = if cfg.api_keys.is_empty() && cfg.tenants.is_empty() {
-            String::new()
-        } else {
-            writeln!(
-                out,
-                "The config requires an API key: export TOKENGATE_KEY=<one of its api_keys or tenants' keys> first."
-            )?;
-            " -H \"Authorization: Bearer $TOKENGATE_KEY\"".to_string()
-        };
-        writeln!(out, "Try:")?;
-        writeln!(
-            out,
-            "  curl -s http://{proxy}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
-        )?;
-        writeln!(
-            out,
-            "  curl -sN http://{proxy}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
-        )?;
-        if let Some(r) = cfg.routes.first() {
-            writeln!(
-                out,
-                "  curl -s http://{proxy}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Write a one-line greeting card.\"}}]}}'",
-                r.name
-            )?;
-        }
-        writeln!(out, "  curl -s http://{proxy}/v1/models{auth}")?;
-        writeln!(out, "  curl -s http://{admin}/admin/instances")?;
-        writeln!(out, "  curl -s http://{admin}/metrics")?;
-        writeln!(out, "Ctrl-C stops the demo.")?;
-        out.flush()?;
     }
-    // Keep the engines' runtime alive for the life of the process.
-    let _keep = (rt, handles);
-    server::run(cfg, listeners, reloads)
+    for p in &cfg.providers {
+        writeln!(
+            out,
+            "  decision model {} ({}) at {}",
+            p.name,
+            p.model.as_deref().unwrap_or("per route"),
+            p.base_url
+        )?;
+    }
+    for r in &cfg.routes {
+        let t: Vec<&str> = r.targets.iter().map(|t| t.service.as_str()).collect();
+        writeln!(out, "  route {} -> {}", r.name, t.join(", "))?;
+    }
+    writeln!(out, "tokengate: proxy listening on http://{proxy}")?;
+    writeln!(out, "tokengate: admin listening on http://{admin}")?;
+    writeln!(out)?;
+    // The key is not printed (it may come from a secret): the commands read it from
+    // $TOKENGATE_KEY.
+    let auth = if cfg.api_keys.is_empty() && cfg.tenants.is_empty() {
+        String::new()
+    } else {
+        writeln!(
+            out,
+            "The config requires an API key: export TOKENGATE_KEY=<one of its api_keys or tenants' keys> first."
+        )?;
+        " -H \"Authorization: Bearer $TOKENGATE_KEY\"".to_string()
+    };
+    writeln!(out, "Try:")?;
+    writeln!(
+        out,
+        "  curl -s http://{proxy}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+    )?;
+    writeln!(
+        out,
+        "  curl -sN http://{proxy}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+    )?;
+    if let Some(r) = cfg.routes.first() {
+        writeln!(
+            out,
+            "  curl -s http://{proxy}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\",\"content\":\"Write a one-line greeting card.\"}}]}}'",
+            r.name
+        )?;
+    }
+    writeln!(out, "  curl -s http://{proxy}/v1/models{auth}")?;
+    writeln!(out, "  curl -s http://{admin}/admin/instances")?;
+    writeln!(out, "  curl -s http://{admin}/metrics")?;
+    writeln!(out, "Ctrl-C stops the demo.")?;
+    out.flush()?;
+    Ok(())
 }
 
 /// The key of a provider's decision engine in the running table.

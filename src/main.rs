@@ -144,54 +144,7 @@ fn main() -> ExitCode {
     tokengate::memory::no_huge_pages();
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Check { config, print } => match Config::load(&config).and_then(|c| {
-            // Build it too: what a running gateway would build must build.
-            tokengate::runtime::Runtime::build(&c, None, &tokengate::metrics::Metrics::new())?;
-            Ok(c)
-        }) {
-            Ok(c) => {
-                for w in c.warnings() {
-                    eprintln!("  warning: {w}");
-                }
-                // A name that does not resolve here is not an error (the gateway starts and the
-                // instance waits until it resolves), but whoever runs `check` wants to know.
-                for (si, s) in c.services.iter().enumerate() {
-                    for (ii, i) in s.instances.iter().enumerate() {
-                        if tokengate::resolve::is_name(&i.addr) {
-                            if let Err(e) = tokengate::resolve::resolve(&i.addr) {
-                                eprintln!(
-                                    "  warning: services[{si}].instances[{ii}].addr: {e} (from here; \
-                                     the instance gets no requests until it resolves)"
-                                );
-                            }
-                        }
-                    }
-                }
-                let n: usize = c.services.iter().map(|s| s.instances.len()).sum();
-                let summary = format!(
-                    "{}: ok ({} services, {} instances)",
-                    config.display(),
-                    c.services.len(),
-                    n
-                );
-                if print {
-                    print!("{}", c.to_yaml());
-                    eprintln!("{summary}");
-                } else {
-                    println!("{summary}");
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                let n = e.0.len();
-                let s = if n == 1 { "" } else { "s" };
-                eprintln!("{}: invalid config ({n} error{s})", config.display());
-                for line in e.0 {
-                    eprintln!("  {line}");
-                }
-                ExitCode::from(1)
-            }
-        },
+        Cmd::Check { config, print } => check(&config, print),
         Cmd::Probe(p) => match tokengate::probe::get_status(&p.url, p.timeout) {
             Ok(s) if (200..300).contains(&s) => ExitCode::SUCCESS,
             Ok(s) => {
@@ -275,57 +228,114 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Serve { config } => {
-            // JSON by the environment: from the first line on (a bad config's errors too).
-            let json_env = LogFormat::from_env_or(LogFormat::Text) == LogFormat::Json;
-            if json_env {
-                init_logging(LogFormat::Json);
+        Cmd::Serve { config } => serve(config),
+    }
+}
+
+/// `tokengate check`: loads and builds the config, prints its warnings (names that do not
+/// resolve from here among them) and a summary, or its errors.
+fn check(config: &std::path::Path, print: bool) -> ExitCode {
+    match Config::load(config).and_then(|c| {
+        // Build it too: what a running gateway would build must build.
+        tokengate::runtime::Runtime::build(&c, None, &tokengate::metrics::Metrics::new())?;
+        Ok(c)
+    }) {
+        Ok(c) => {
+            for w in c.warnings() {
+                eprintln!("  warning: {w}");
             }
-            let cfg = match Config::load(&config) {
-                Ok(c) => {
-                    if !json_env {
-                        init_logging(c.log_format);
+            // A name that does not resolve here is not an error (the gateway starts and the
+            // instance waits until it resolves), but whoever runs `check` wants to know.
+            for (si, s) in c.services.iter().enumerate() {
+                for (ii, i) in s.instances.iter().enumerate() {
+                    if tokengate::resolve::is_name(&i.addr) {
+                        if let Err(e) = tokengate::resolve::resolve(&i.addr) {
+                            eprintln!(
+                                "  warning: services[{si}].instances[{ii}].addr: {e} (from here; \
+                                 the instance gets no requests until it resolves)"
+                            );
+                        }
                     }
-                    c
                 }
-                Err(e) if json_env => {
-                    for line in e.0 {
-                        log::error!("{}: invalid config: {line}", config.display());
-                    }
-                    return ExitCode::from(1);
-                }
-                Err(e) => {
-                    eprintln!("{}: invalid config", config.display());
-                    for line in e.0 {
-                        eprintln!("  {line}");
-                    }
-                    return ExitCode::from(1);
-                }
-            };
-            // Catch SIGHUP and take the file's stamp before the listeners are announced.
-            let reloads = tokengate::reload::ReloadSource::new(config.clone());
-            let listeners = match server::Listeners::bind(&cfg) {
-                Ok(l) => l,
-                Err(e) => {
-                    eprintln!("tokengate: {e:#}");
-                    return ExitCode::from(1);
-                }
-            };
-            {
-                let mut out = std::io::stdout().lock();
-                for a in listeners.proxy_addrs() {
-                    let _ = writeln!(out, "tokengate: proxy listening on http://{a}");
-                }
-                if let Some(a) = listeners.admin_addr() {
-                    let _ = writeln!(out, "tokengate: admin listening on http://{a}");
-                }
-                let _ = out.flush();
             }
-            if let Err(e) = server::run(cfg, listeners, Some(reloads)) {
-                eprintln!("tokengate: {e:#}");
-                return ExitCode::from(1);
+            let n: usize = c.services.iter().map(|s| s.instances.len()).sum();
+            let summary = format!(
+                "{}: ok ({} services, {} instances)",
+                config.display(),
+                c.services.len(),
+                n
+            );
+            if print {
+                print!("{}", c.to_yaml());
+                eprintln!("{summary}");
+            } else {
+                println!("{summary}");
             }
             ExitCode::SUCCESS
         }
+        Err(e) => {
+            let n = e.0.len();
+            let s = if n == 1 { "" } else { "s" };
+            eprintln!("{}: invalid config ({n} error{s})", config.display());
+            for line in e.0 {
+                eprintln!("  {line}");
+            }
+            ExitCode::from(1)
+        }
     }
+}
+
+/// `tokengate serve`: the config loaded (its errors as log lines when the environment asks for
+/// JSON logs), the listeners bound and announced on stdout, then the gateway.
+fn serve(config: std::path::PathBuf) -> ExitCode {
+    // JSON by the environment: from the first line on (a bad config's errors too).
+    let json_env = LogFormat::from_env_or(LogFormat::Text) == LogFormat::Json;
+    if json_env {
+        init_logging(LogFormat::Json);
+    }
+    let cfg = match Config::load(&config) {
+        Ok(c) => {
+            if !json_env {
+                init_logging(c.log_format);
+            }
+            c
+        }
+        Err(e) if json_env => {
+            for line in e.0 {
+                log::error!("{}: invalid config: {line}", config.display());
+            }
+            return ExitCode::from(1);
+        }
+        Err(e) => {
+            eprintln!("{}: invalid config", config.display());
+            for line in e.0 {
+                eprintln!("  {line}");
+            }
+            return ExitCode::from(1);
+        }
+    };
+    // Catch SIGHUP and take the file's stamp before the listeners are announced.
+    let reloads = tokengate::reload::ReloadSource::new(config.clone());
+    let listeners = match server::Listeners::bind(&cfg) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("tokengate: {e:#}");
+            return ExitCode::from(1);
+        }
+    };
+    {
+        let mut out = std::io::stdout().lock();
+        for a in listeners.proxy_addrs() {
+            let _ = writeln!(out, "tokengate: proxy listening on http://{a}");
+        }
+        if let Some(a) = listeners.admin_addr() {
+            let _ = writeln!(out, "tokengate: admin listening on http://{a}");
+        }
+        let _ = out.flush();
+    }
+    if let Err(e) = server::run(cfg, listeners, Some(reloads)) {
+        eprintln!("tokengate: {e:#}");
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
 }

@@ -3,6 +3,10 @@
 //!
 //! * **Off** (no `tracing:`): [`crate::shared::Shared::otel`] holds `None`, a request's
 //!   [`crate::request::Ctx::trace`] stays `None`; no span object is ever created.
+//! * **Sampled out**: the sampler is asked before anything else ([`Otel::start`]); an
+//!   unsampled request's [`Trace`] is only its ids (no SDK span, no attribute formatted,
+//!   nothing gathered for a span at completion), enough for the `traceparent` (flagged not
+//!   sampled) its upstream requests carry.
 //! * **Spans**: the request's span (kind server) is started once the request is admitted
 //!   (its body parsed: a probe or a refused key makes none), at the request's arrival time,
 //!   and named `{gen_ai.operation.name} {gen_ai.request.model}` once planned; it carries the
@@ -31,9 +35,10 @@
 //! Metrics: `tokengate_trace_spans_total{outcome="exported"|"dropped_queue_full"|"dropped_export_failed"}`.
 
 use crate::config::TracingSettings;
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{
-    SpanContext, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
+    SamplingDecision, SpanContext, SpanKind, Status, TraceContextExt, TraceFlags, Tracer as _,
+    TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
@@ -250,28 +255,64 @@ impl Otel {
     }
 
     /// Starts a request's span: a child of the client's trace when its headers carry one.
-    pub fn start(&self, headers: &http::HeaderMap, arrived: Instant, path: &str) -> Box<Trace> {
-        let parent = TraceContextPropagator::new().extract(&Headers(headers));
+    /// The sampling decision comes first: an unsampled request gets ids only (no span object,
+    /// no name or attribute formatted), enough for the `traceparent` the engines get.
+    pub fn start(&self, headers: &http::HeaderMap, arrived: Instant, path: &str) -> Trace {
+        let parent = if headers.contains_key(&TRACEPARENT) {
+            TraceContextPropagator::new().extract_with_context(&Context::new(), &Headers(headers))
+        } else {
+            Context::new()
+        };
+        let ids = self.tracer.id_generator();
+        let trace_id = if parent.has_active_span() {
+            parent.span().span_context().trace_id()
+        } else {
+            ids.new_trace_id()
+        };
+        // The configured sampler (parent-based, then the ratio), as the SDK would ask it; its
+        // result is handed to the span builder so that it is not asked twice.
+        let sampling = self.tracer.should_sample().should_sample(
+            Some(&parent),
+            trace_id,
+            "",
+            &SpanKind::Server,
+            &[],
+            &[],
+        );
+        if sampling.decision == SamplingDecision::Drop {
+            let context = SpanContext::new(
+                trace_id,
+                ids.new_span_id(),
+                TraceFlags::default(),
+                false,
+                sampling.trace_state,
+            );
+            return Trace { context, rec: None };
+        }
         let span = self
             .tracer
             .span_builder(format!("POST {path}"))
             .with_kind(SpanKind::Server)
             .with_start_time(wall_time(arrived))
+            .with_trace_id(trace_id)
+            .with_sampling_result(sampling)
             .with_attributes([
                 KeyValue::new("http.request.method", "POST"),
                 KeyValue::new("url.path", path.to_string()),
             ])
             .start_with_context(&self.tracer, &parent);
-        let recording = opentelemetry::trace::Span::is_recording(&span);
-        Box::new(Trace {
-            recording,
-            tracer: self.tracer.clone(),
-            server: span,
-            attempt: None,
-            prefill: None,
-            attempts: 0,
-            operation: "chat",
-        })
+        let context = opentelemetry::trace::Span::span_context(&span).clone();
+        Trace {
+            context,
+            rec: Some(Box::new(Recording {
+                tracer: self.tracer.clone(),
+                server: span,
+                attempt: None,
+                prefill: None,
+                attempts: 0,
+                operation: "chat",
+            })),
+        }
     }
 }
 
@@ -295,23 +336,71 @@ impl Extractor for Headers<'_> {
     }
 }
 
-/// The trace context headers of a span, for the upstream request.
-#[derive(Default)]
-struct Outgoing(Vec<(&'static str, String)>);
+/// The W3C trace context headers (static names: looking one up parses nothing).
+pub static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+pub static TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
 
-impl Injector for Outgoing {
-    fn set(&mut self, key: &str, value: String) {
-        let name = match key {
-            "traceparent" => "traceparent",
-            "tracestate" => "tracestate",
-            _ => return,
-        };
-        self.0.push((name, value));
+/// The trace context headers of a span, for an upstream request: `traceparent` (version 00,
+/// the sampled flag only) and `tracestate` when there is one (what the SDK's propagator
+/// writes, without its formatting machinery: one 55-byte value).
+pub struct TraceHeaders {
+    traceparent: http::HeaderValue,
+    tracestate: Option<http::HeaderValue>,
+}
+
+impl TraceHeaders {
+    fn of(sc: &SpanContext) -> TraceHeaders {
+        let mut v = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        hex_into(&mut v[3..35], &sc.trace_id().to_bytes());
+        hex_into(&mut v[36..52], &sc.span_id().to_bytes());
+        hex_into(
+            &mut v[53..55],
+            &[(sc.trace_flags() & TraceFlags::SAMPLED).to_u8()],
+        );
+        let state = sc.trace_state().header();
+        TraceHeaders {
+            traceparent: http::HeaderValue::from_bytes(&v).expect("hex digits and dashes"),
+            tracestate: (!state.is_empty())
+                .then(|| http::HeaderValue::try_from(state).ok())
+                .flatten(),
+        }
     }
 }
 
-/// One request's spans ([`crate::request::Ctx::trace`]).
+/// The headers, by name.
+impl IntoIterator for TraceHeaders {
+    type Item = (&'static str, http::HeaderValue);
+    type IntoIter =
+        std::iter::Chain<std::iter::Once<Self::Item>, std::option::IntoIter<Self::Item>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        std::iter::once(("traceparent", self.traceparent))
+            .chain(self.tracestate.map(|v| ("tracestate", v)))
+    }
+}
+
+/// Lowercase hex digits of `bytes` into `out` (two per byte).
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (o, b) in out.chunks_exact_mut(2).zip(bytes) {
+        o[0] = HEX[usize::from(b >> 4)];
+        o[1] = HEX[usize::from(b & 15)];
+    }
+}
+
+/// One request's trace ([`crate::request::Ctx::trace`]): its span's context, and for a sampled
+/// request its spans.
 pub struct Trace {
+    /// The request span's context (sampled or not): the access log's ids, and the parent an
+    /// engine's span gets before any attempt.
+    context: SpanContext,
+    /// `None` for an unsampled request: no span object, attribute, event or child span (its
+    /// context is still propagated, flagged not sampled).
+    rec: Option<Box<Recording>>,
+}
+
+/// The spans of a sampled request.
+struct Recording {
     tracer: SdkTracer,
     server: Span,
     /// The current upstream attempt's span.
@@ -320,9 +409,6 @@ pub struct Trace {
     prefill: Option<(Span, SystemTime)>,
     attempts: u32,
     operation: &'static str,
-    /// The request's span is sampled: an unsampled one gets no attribute, event or child
-    /// span (its context is still propagated, flagged not sampled).
-    recording: bool,
 }
 
 /// What a planned request is, for its span.
@@ -352,18 +438,130 @@ pub struct AttemptInfo<'a> {
 }
 
 impl Trace {
+    /// The request is sampled: its spans are recorded (callers skip what only a span uses).
+    pub fn recording(&self) -> bool {
+        self.rec.is_some()
+    }
+
     /// The request's trace id (32 hex digits) and span id (16), for the access log.
     pub fn ids(&self) -> (String, String) {
-        let c = opentelemetry::trace::Span::span_context(&self.server);
-        (c.trace_id().to_string(), c.span_id().to_string())
+        (
+            self.context.trace_id().to_string(),
+            self.context.span_id().to_string(),
+        )
     }
 
     /// The request was planned: the GenAI request attributes, the span's final name.
     pub fn planned(&mut self, p: Planned<'_>) {
-        use opentelemetry::trace::Span as _;
-        if !self.recording {
-            return;
+        if let Some(r) = self.rec.as_mut() {
+            r.planned(p);
         }
+    }
+
+    /// Admission to an instance took `wait` (a throttling queue), or was refused with
+    /// `denied` (the answer's status).
+    pub fn admitted(&mut self, wait: Duration, denied: Option<u16>) {
+        if let Some(r) = self.rec.as_mut() {
+            r.admitted(wait, denied);
+        }
+    }
+
+    /// An event on the request's span.
+    pub fn event(&mut self, name: &'static str, attrs: Vec<KeyValue>) {
+        if let Some(r) = self.rec.as_mut() {
+            r.event(name, attrs);
+        }
+    }
+
+    /// An attribute on the request's span.
+    pub fn attr(&mut self, kv: KeyValue) {
+        if let Some(r) = self.rec.as_mut() {
+            r.attr(kv);
+        }
+    }
+
+    /// The route's decision-service call (made while planning): a child span of its own.
+    pub fn decision(
+        &mut self,
+        started: Instant,
+        latency: Duration,
+        outcome: &'static str,
+        model: &str,
+        route: &str,
+    ) {
+        if let Some(r) = self.rec.as_mut() {
+            r.decision(started, latency, outcome, model, route);
+        }
+    }
+
+    /// The first token reached the gateway.
+    pub fn first_token(&mut self, ttft: Duration) {
+        if let Some(r) = self.rec.as_mut() {
+            r.first_token(ttft);
+        }
+    }
+
+    /// An upstream attempt starts: its child span.
+    pub fn attempt_start(&mut self, a: &AttemptInfo<'_>) {
+        if let Some(r) = self.rec.as_mut() {
+            r.attempt_start(a);
+        }
+    }
+
+    /// A disaggregated pair's prefill leg is sent: its span (a child of the attempt), and
+    /// the trace headers its request carries.
+    pub fn prefill_start(&mut self, instance: &str, address: &str) -> TraceHeaders {
+        match self.rec.as_mut() {
+            Some(r) => r.prefill_start(instance, address),
+            None => self.outgoing(),
+        }
+    }
+
+    /// The prefill leg's span ends: done (after `ms`), failed, or given up on.
+    pub fn prefill_end(&mut self, end: PrefillEnd<'_>) {
+        if let Some(r) = self.rec.as_mut() {
+            r.prefill_end(end);
+        }
+    }
+
+    /// Ends the current attempt's span: the engine's status, or why it failed.
+    pub fn end_attempt(&mut self, status: Option<u16>, error: Option<&str>) {
+        if let Some(r) = self.rec.as_mut() {
+            r.end_attempt(status, error);
+        }
+    }
+
+    /// The current attempt failed before answering and the request goes on (a retry on
+    /// another instance, or a failover to an external API or another gateway).
+    pub fn attempt_failed(&mut self, error: &str, status: Option<u16>, failover: bool) {
+        if let Some(r) = self.rec.as_mut() {
+            r.attempt_failed(error, status, failover);
+        }
+    }
+
+    /// The `traceparent` (and `tracestate`) the upstream request carries: the attempt's
+    /// span as the parent (the request's span before any attempt, and always for an
+    /// unsampled request).
+    pub fn outgoing(&self) -> TraceHeaders {
+        let sc = match self.rec.as_ref().and_then(|r| r.attempt.as_ref()) {
+            Some(a) => opentelemetry::trace::Span::span_context(a),
+            None => &self.context,
+        };
+        TraceHeaders::of(sc)
+    }
+
+    /// The request ended: the last attempt and the request's span end.
+    pub fn finish(self, end: &Finished<'_>) {
+        if let Some(r) = self.rec {
+            r.finish(end);
+        }
+    }
+}
+
+impl Recording {
+    /// The request was planned: the GenAI request attributes, the span's final name.
+    fn planned(&mut self, p: Planned<'_>) {
+        use opentelemetry::trace::Span as _;
         self.operation = p.operation;
         let s = &mut self.server;
         s.update_name(format!("{} {}", p.operation, p.model));
@@ -382,11 +580,8 @@ impl Trace {
 
     /// Admission to an instance took `wait` (a throttling queue), or was refused with
     /// `denied` (the answer's status).
-    pub fn admitted(&mut self, wait: Duration, denied: Option<u16>) {
+    fn admitted(&mut self, wait: Duration, denied: Option<u16>) {
         use opentelemetry::trace::Span as _;
-        if !self.recording {
-            return;
-        }
         self.server.set_attribute(KeyValue::new(
             "tokengate.queue_wait_ms",
             wait.as_secs_f64() * 1e3,
@@ -403,26 +598,20 @@ impl Trace {
     }
 
     /// An event on the request's span.
-    pub fn event(&mut self, name: &'static str, attrs: Vec<KeyValue>) {
+    fn event(&mut self, name: &'static str, attrs: Vec<KeyValue>) {
         use opentelemetry::trace::Span as _;
-        if !self.recording {
-            return;
-        }
         self.server.add_event(name, attrs);
     }
 
     /// An attribute on the request's span.
-    pub fn attr(&mut self, kv: KeyValue) {
+    fn attr(&mut self, kv: KeyValue) {
         use opentelemetry::trace::Span as _;
-        if !self.recording {
-            return;
-        }
         self.server.set_attribute(kv);
     }
 
     /// The route's decision-service call (made while planning): a child span of its own,
     /// `chat {model}` (kind client), with its outcome.
-    pub fn decision(
+    fn decision(
         &mut self,
         started: Instant,
         latency: Duration,
@@ -431,9 +620,6 @@ impl Trace {
         route: &str,
     ) {
         use opentelemetry::trace::Span as _;
-        if !self.recording {
-            return;
-        }
         let parent = Context::new().with_remote_span_context(self.server.span_context().clone());
         let start = wall_time(started);
         let mut span = self
@@ -456,11 +642,8 @@ impl Trace {
     }
 
     /// The first token reached the gateway.
-    pub fn first_token(&mut self, ttft: Duration) {
+    fn first_token(&mut self, ttft: Duration) {
         use opentelemetry::trace::Span as _;
-        if !self.recording {
-            return;
-        }
         self.server.add_event(
             "gen_ai.first_token",
             vec![KeyValue::new("tokengate.ttft_ms", ttft.as_secs_f64() * 1e3)],
@@ -468,11 +651,8 @@ impl Trace {
     }
 
     /// An upstream attempt starts: its child span.
-    pub fn attempt_start(&mut self, a: &AttemptInfo<'_>) {
+    fn attempt_start(&mut self, a: &AttemptInfo<'_>) {
         use opentelemetry::trace::Span as _;
-        if !self.recording {
-            return;
-        }
         self.end_attempt(None, None);
         self.attempts += 1;
         let parent = Context::new().with_remote_span_context(self.server.span_context().clone());
@@ -503,11 +683,8 @@ impl Trace {
 
     /// A disaggregated pair's prefill leg is sent: its span (a child of the attempt), and
     /// the trace headers its request carries.
-    pub fn prefill_start(&mut self, instance: &str, address: &str) -> Vec<(&'static str, String)> {
+    fn prefill_start(&mut self, instance: &str, address: &str) -> TraceHeaders {
         use opentelemetry::trace::Span as _;
-        if !self.recording {
-            return self.outgoing();
-        }
         self.prefill_end(PrefillEnd::Aborted);
         let parent_sc = match &self.attempt {
             Some(a) => a.span_context().clone(),
@@ -532,15 +709,13 @@ impl Trace {
             .with_start_time(now)
             .with_attributes(attrs)
             .start_with_context(&self.tracer, &parent);
-        let cx = Context::new().with_remote_span_context(span.span_context().clone());
-        let mut out = Outgoing::default();
-        TraceContextPropagator::new().inject_context(&cx, &mut out);
+        let headers = TraceHeaders::of(span.span_context());
         self.prefill = Some((span, now));
-        out.0
+        headers
     }
 
     /// The prefill leg's span ends: done (after `ms`), failed, or given up on.
-    pub fn prefill_end(&mut self, end: PrefillEnd<'_>) {
+    fn prefill_end(&mut self, end: PrefillEnd<'_>) {
         use opentelemetry::trace::Span as _;
         let Some((mut s, started)) = self.prefill.take() else {
             return;
@@ -566,7 +741,7 @@ impl Trace {
     }
 
     /// Ends the current attempt's span: the engine's status, or why it failed.
-    pub fn end_attempt(&mut self, status: Option<u16>, error: Option<&str>) {
+    fn end_attempt(&mut self, status: Option<u16>, error: Option<&str>) {
         use opentelemetry::trace::Span as _;
         let Some(mut s) = self.attempt.take() else {
             return;
@@ -583,10 +758,7 @@ impl Trace {
 
     /// The current attempt failed before answering and the request goes on (`next`: a retry
     /// on another instance, or a failover to an external API or another gateway).
-    pub fn attempt_failed(&mut self, error: &str, status: Option<u16>, failover: bool) {
-        if !self.recording {
-            return;
-        }
+    fn attempt_failed(&mut self, error: &str, status: Option<u16>, failover: bool) {
         self.end_attempt(status, Some(error));
         let n = i64::from(self.attempts);
         self.event(
@@ -598,27 +770,9 @@ impl Trace {
         );
     }
 
-    /// The `traceparent` (and `tracestate`) the upstream request carries: the attempt's
-    /// span as the parent (the request's span before any attempt).
-    pub fn outgoing(&self) -> Vec<(&'static str, String)> {
-        use opentelemetry::trace::Span as _;
-        let sc: &SpanContext = match &self.attempt {
-            Some(a) => a.span_context(),
-            None => self.server.span_context(),
-        };
-        let cx = Context::new().with_remote_span_context(sc.clone());
-        let mut out = Outgoing::default();
-        TraceContextPropagator::new().inject_context(&cx, &mut out);
-        out.0
-    }
-
     /// The request ended: the last attempt and the request's span end.
-    pub fn finish(mut self: Box<Self>, end: &Finished<'_>) {
+    fn finish(mut self: Box<Self>, end: &Finished<'_>) {
         use opentelemetry::trace::Span as _;
-        if !self.recording {
-            self.server.end();
-            return;
-        }
         let err = end.error_type.clone();
         self.end_attempt(
             end.upstream_status,

@@ -90,7 +90,11 @@ impl Gateway {
                 t.decision(d.started, d.latency, d.outcome, &d.model, plan.dest.name());
             }
         }
-        let queued = ctx.trace.is_some().then(std::time::Instant::now);
+        let queued = ctx
+            .trace
+            .as_ref()
+            .is_some_and(|t| t.recording())
+            .then(std::time::Instant::now);
         // Admission to an instance: a throttling slot (reject, or wait in the queue); what
         // this region cannot take may go to another region's gateway, or, with the split
         // proxy's local entry set to fail over, to an external API ([`request::attempt`]).

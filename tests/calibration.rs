@@ -8,15 +8,6 @@ mod common;
 
 use common::*;
 
-fn words(tag: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{tag}{i} ")).collect()
-}
-
-fn chat(system: &str, user: &str) -> serde_json::Value {
-    serde_json::json!({"model": "m", "max_tokens": 2,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
-}
-
 /// `(instance, prompt tokens, cached tokens)` of one answered request.
 async fn send(
     c: &reqwest::Client,
@@ -86,7 +77,7 @@ async fn the_index_is_corrected_only_when_an_engine_really_evicted() {
     for q in 0..25 {
         for (t, system) in systems.iter().enumerate() {
             let (inst, prompt, cached) =
-                send(&c, &gw, &chat(system, &format!("question {q}"))).await;
+                send(&c, &gw, &chat(system, &format!("question {q}"), 2, false)).await;
             assert!(prompt > 0);
             if q == 0 {
                 homes[t] = inst;
@@ -138,12 +129,12 @@ async fn the_index_is_corrected_only_when_an_engine_really_evicted() {
         .await
         .unwrap();
     assert!(r.status().is_success());
-    let (_, _, cached) = send(&c, &gw, &chat(&systems[3], "after the reset")).await;
+    let (_, _, cached) = send(&c, &gw, &chat(&systems[3], "after the reset", 2, false)).await;
     assert_eq!(cached, 0);
     gw.wait_idle().await;
     let v = gw.instances().await;
     assert_eq!(v["prefix_indexes"][0]["trims"], 1, "{v:#}");
-    let (inst, _, cached) = send(&c, &gw, &chat(&systems[3], "and again")).await;
+    let (inst, _, cached) = send(&c, &gw, &chat(&systems[3], "and again", 2, false)).await;
     assert_eq!(inst, homes[3]);
     assert!(cached > 0);
     gw.wait_idle().await;
@@ -171,7 +162,7 @@ async fn a_cache_size_counts_in_the_engines_tokens() {
     let inst = || async { gw.instances().await["instances"][0].clone() };
     assert_eq!(inst().await["cache_blocks"], 128);
     let c = reqwest::Client::new();
-    send(&c, &gw, &chat(&words("a", 100), "q")).await;
+    send(&c, &gw, &chat(&words("a", 100), "q", 2, false)).await;
     gw.wait_idle().await;
     let i = inst().await;
     let r = i["tokens_per_estimate"].as_f64().unwrap();

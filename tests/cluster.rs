@@ -208,15 +208,6 @@ async fn admin(g: &GatewayProc, path: &str) -> serde_json::Value {
         .unwrap()
 }
 
-fn words(tag: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{tag}{i} ")).collect()
-}
-
-fn chat(prompt: &str, max_tokens: u32) -> serde_json::Value {
-    serde_json::json!({"model": "m", "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": prompt}]})
-}
-
 /// Sends a chat request; (status, instance header, cached tokens).
 async fn send(
     c: &reqwest::Client,
@@ -265,7 +256,7 @@ async fn sessions_and_prefixes_are_shared_by_the_replicas() {
             let (st, inst, _) = send(
                 &c,
                 g,
-                &chat(&words(&format!("s{s}t{turn}w"), 40), 2),
+                &chat("", &words(&format!("s{s}t{turn}w"), 40), 2, false),
                 Some(&sid),
             )
             .await;
@@ -282,7 +273,7 @@ async fn sessions_and_prefixes_are_shared_by_the_replicas() {
 
     // A prefix routed through r1 is a hit through r2 once r2's index has it.
     let long = words("shared-prefix-", 600);
-    let (st, holder, _) = send(&c, &gws[0], &chat(&long, 2), None).await;
+    let (st, holder, _) = send(&c, &gws[0], &chat("", &long, 2, false), None).await;
     assert_eq!(st, 200);
     eventually("r2's index knows the placement made by r1", || async {
         let v = gws[1].instances().await;
@@ -296,7 +287,7 @@ async fn sessions_and_prefixes_are_shared_by_the_replicas() {
     let (st, inst, cached) = send(
         &c,
         &gws[1],
-        &chat(&format!("{long} and a new question"), 2),
+        &chat("", &format!("{long} and a new question"), 2, false),
         None,
     )
     .await;
@@ -354,7 +345,7 @@ async fn a_throttling_limit_holds_for_the_fleet() {
         .map(|i| {
             let c = c.clone();
             let url = gws[i % 3].url("/v1/chat/completions");
-            let b = chat(&words(&format!("r{i}x"), 200), 8);
+            let b = chat("", &words(&format!("r{i}x"), 200), 8, false);
             tokio::spawn(async move { c.post(url).json(&b).send().await.unwrap().status() })
         })
         .collect();
@@ -631,7 +622,13 @@ async fn every_replica_balances_on_the_fleets_load() {
     // ...so its least-request balancing sends its own requests to the other engine (alone,
     // r2 would see two idle engines and alternate).
     for n in 0..4 {
-        let (st, inst, _) = send(&c, &gws[1], &chat(&format!("short {n}"), 1), None).await;
+        let (st, inst, _) = send(
+            &c,
+            &gws[1],
+            &chat("", &format!("short {n}"), 1, false),
+            None,
+        )
+        .await;
         assert_eq!(st, 200);
         assert_ne!(
             inst, busy,
@@ -686,7 +683,12 @@ async fn a_killed_replica_gives_its_slots_back_within_the_lease() {
         let url = gws[0].url("/v1/chat/completions");
         tokio::spawn(async move {
             let t = Instant::now();
-            let r = c.post(url).json(&chat("after", 2)).send().await.unwrap();
+            let r = c
+                .post(url)
+                .json(&chat("", "after", 2, false))
+                .send()
+                .await
+                .unwrap();
             (r.status().as_u16(), t.elapsed())
         })
     };
@@ -758,7 +760,7 @@ async fn redis_killed_and_restarted_under_load_fails_no_request() {
                     let r = c
                         .post(&urls[(w + i) % 3])
                         .header("x-session-id", format!("w{w}-{}", i / 5))
-                        .json(&chat(&words(&format!("w{w}i{i}"), 60), 2))
+                        .json(&chat("", &words(&format!("w{w}i{i}"), 60), 2, false))
                         .send()
                         .await;
                     match r {
@@ -884,7 +886,13 @@ async fn without_cluster_nothing_is_shared() {
     let v = admin(&g, "/admin/cluster").await;
     assert_eq!(v["enabled"], false);
     assert_eq!(g.instances().await["cluster"]["state"], "off");
-    let (st, _, _) = send(&reqwest::Client::new(), &g, &chat("hello", 2), Some("s")).await;
+    let (st, _, _) = send(
+        &reqwest::Client::new(),
+        &g,
+        &chat("", "hello", 2, false),
+        Some("s"),
+    )
+    .await;
     assert_eq!(st, 200);
     // The families are there (dashboards), all zero: no Redis call was made.
     let m = g.metrics().await;

@@ -6,15 +6,6 @@ mod common;
 
 use common::*;
 
-fn words(tag: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{tag}{i} ")).collect()
-}
-
-fn chat(system: &str, user: &str, stream: bool) -> serde_json::Value {
-    serde_json::json!({"model": "m", "stream": stream, "max_tokens": 2,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
-}
-
 /// Two engines `e1`, `e2` serving model `m` in real time, otherwise as `cfg`.
 async fn pair(cfg: engine_sim::SimConfig) -> Vec<engine_sim::SimHandle> {
     sim_fleet(
@@ -58,13 +49,13 @@ async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
     };
     let system = words("sys", 40); // ~60 tokens: a short system prompt
                                    // A: lands somewhere and completes; that instance holds the system prompt.
-    let a = post(chat(&system, "hello", false)).await;
+    let a = post(chat(&system, "hello", 2, false)).await;
     assert_eq!(a.status(), 200);
     let holder = header(&a, "x-tokengate-instance");
     a.bytes().await.unwrap();
     // B: the same system prompt and a 16 KB user message: the holder has the prefix and the
     // same (empty) queue, so B goes there and prefills for ~10 s.
-    let b = post(chat(&system, &words("long", 3000), true)).await;
+    let b = post(chat(&system, &words("long", 3000), 2, true)).await;
     assert_eq!(b.status(), 200);
     assert_eq!(header(&b, "x-tokengate-instance"), holder);
     let v = gw.instances().await;
@@ -80,7 +71,7 @@ async fn a_long_queued_prefill_steers_a_request_away_from_the_prefix_holder() {
     // C: the same system prompt again. The holder matches it, but its predicted TTFT
     // (thousands of queued tokens) is far above the other engine's (a cold ~60-token
     // prefill): C goes to the other engine.
-    let cr = post(chat(&system, "short question", false)).await;
+    let cr = post(chat(&system, "short question", 2, false)).await;
     assert_eq!(cr.status(), 200);
     let reason = header(&cr, "x-tokengate-reason");
     assert_ne!(header(&cr, "x-tokengate-instance"), holder, "{reason}");
@@ -135,7 +126,7 @@ async fn requests_queued_in_an_engine_by_someone_else_count() {
     for _ in 0..3 {
         let r = c
             .post(gw.url("/v1/chat/completions"))
-            .json(&chat(&words("s", 30), "hi", false))
+            .json(&chat(&words("s", 30), "hi", 2, false))
             .send()
             .await
             .unwrap();
@@ -307,7 +298,7 @@ async fn cold_prompts_fill_the_emptiest_caches(
         async move {
             let r = c
                 .post(url)
-                .json(&chat(&system, "go", false))
+                .json(&chat(&system, "go", 2, false))
                 .send()
                 .await
                 .unwrap();
@@ -381,19 +372,19 @@ async fn a_ttft_filter_in_policy_mode_moves_a_session_off_a_long_queue_whatever_
     };
     let system = words("sys", 40);
     // A binds the session to an instance.
-    let a = post(chat(&system, "hello", false)).await;
+    let a = post(chat(&system, "hello", 2, false)).await;
     assert_eq!(a.status(), 200);
     let home = header(&a, "x-tokengate-instance");
     a.bytes().await.unwrap();
     // B (same session): stays home and prefills a 16 KB message there for ~10 s.
-    let b = post(chat(&system, &words("long", 3000), true)).await;
+    let b = post(chat(&system, &words("long", 3000), 2, true)).await;
     assert_eq!(b.status(), 200);
     assert_eq!(header(&b, "x-tokengate-instance"), home);
     let reason_b = header(&b, "x-tokengate-reason");
     assert!(!reason_b.contains("filtered"), "{reason_b}");
     // C (same session): home's predicted TTFT is seconds, the other engine's a short cold
     // prefill: the filter takes home out, and the reason says so.
-    let cr = post(chat(&system, "short question", false)).await;
+    let cr = post(chat(&system, "short question", 2, false)).await;
     assert_eq!(cr.status(), 200);
     let reason = header(&cr, "x-tokengate-reason");
     assert_ne!(header(&cr, "x-tokengate-instance"), home, "{reason}");
@@ -447,11 +438,11 @@ async fn an_instance_cache_size_keeps_the_index_in_step_with_what_the_engine_evi
             let url = gw.url("/v1/chat/completions");
             async move { c.post(url).json(&body).send().await.unwrap() }
         };
-        let a = chat(&words("a", 250), "q", false);
+        let a = chat(&words("a", 250), "q", 2, false);
         for body in [
             a.clone(),
-            chat(&words("b", 250), "q", false),
-            chat(&words("c", 650), "q", false),
+            chat(&words("b", 250), "q", 2, false),
+            chat(&words("c", 650), "q", 2, false),
         ] {
             engine_cached(post(body).await).await;
             // The index orders entries by their last use in 100 ms ticks: a new tick.
@@ -539,17 +530,17 @@ async fn least_cached_counts_what_a_cache_size_bound_forgot() {
             got
         }
     };
-    let (x, _) = post(chat(&words("a", 250), "q", false), Some("s1")).await;
+    let (x, _) = post(chat(&words("a", 250), "q", 2, false), Some("s1")).await;
     for body in [
-        chat(&words("b", 250), "q", false),
-        chat(&words("c", 470), "q", false),
+        chat(&words("b", 250), "q", 2, false),
+        chat(&words("c", 470), "q", 2, false),
     ] {
         // The index orders entries by their last use in 100 ms ticks: a new tick.
         gw.advance_clock(250).await;
         let (to, reason) = post(body, Some("s1")).await;
         assert_eq!(to, x, "{reason}");
     }
-    let (y, reason) = post(chat(&words("d", 760), "q", false), Some("s2")).await;
+    let (y, reason) = post(chat(&words("d", 760), "q", 2, false), Some("s2")).await;
     assert_ne!(y, x, "{reason}");
     gw.wait_idle().await;
     let v = gw.instances().await;
@@ -570,7 +561,7 @@ async fn least_cached_counts_what_a_cache_size_bound_forgot() {
         "{v:#}"
     );
     assert!(x_placed > 64, "the bound forgot A on {x}: {v:#}");
-    let (to, reason) = post(chat(&words("e", 10), "q", false), None).await;
+    let (to, reason) = post(chat(&words("e", 10), "q", 2, false), None).await;
     assert_eq!(
         (to.as_str(), reason.as_str()),
         (y.as_str(), "least-cached"),
@@ -601,7 +592,7 @@ async fn a_new_request_does_not_join_an_instance_whose_kv_cache_its_in_flight_re
         ));
         let c = reqwest::Client::new();
         let system = words("sys", 650); // ~1,000 tokens
-        let mut long = chat(&system, "tell me everything", true);
+        let mut long = chat(&system, "tell me everything", 2, true);
         long["max_tokens"] = serde_json::json!(100);
         let a = c
             .post(gw.url("/v1/chat/completions"))
@@ -614,7 +605,7 @@ async fn a_new_request_does_not_join_an_instance_whose_kv_cache_its_in_flight_re
         // A's response is streaming: it stays in flight while B is placed.
         let b = c
             .post(gw.url("/v1/chat/completions"))
-            .json(&chat(&system, "a short question", false))
+            .json(&chat(&system, "a short question", 2, false))
             .send()
             .await
             .unwrap();

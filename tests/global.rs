@@ -11,10 +11,6 @@ fn body(prompt: &str, stream: bool) -> serde_json::Value {
         "messages": [{"role": "user", "content": prompt}]})
 }
 
-fn words(tag: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{tag}{i} ")).collect()
-}
-
 async fn sim(id: &str, prefill_tps: f64) -> engine_sim::SimHandle {
     engine_sim::spawn_local(engine_sim::SimConfig {
         id: id.into(),

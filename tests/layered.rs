@@ -5,11 +5,6 @@ mod common;
 
 use common::*;
 
-fn chat(system: &str, user: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
-    serde_json::json!({"model": "m", "max_tokens": max_tokens, "stream": stream,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
-}
-
 async fn post(
     c: &reqwest::Client,
     gw: &GatewayProc,

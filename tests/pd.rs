@@ -74,10 +74,6 @@ fn gateway(mode: PdMode, ps: &[SimHandle], ds: &[SimHandle], extra: &str) -> Gat
     ))
 }
 
-fn words(tag: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{tag}{i} ")).collect()
-}
-
 fn body(prompt: &str, stream: bool, max_tokens: u64) -> serde_json::Value {
     serde_json::json!({"model": "m", "stream": stream, "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": prompt}]})

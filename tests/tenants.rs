@@ -21,7 +21,9 @@ async fn sim(model: &str, id: &str, time_scale: f64) -> engine_sim::SimHandle {
     .unwrap()
 }
 
-fn chat(model: &str, max_tokens: Option<u64>, stream: bool) -> serde_json::Value {
+/// A chat body saying "hello there" to `model` (not `common::chat`: any model, an optional
+/// `max_tokens`).
+fn hello(model: &str, max_tokens: Option<u64>, stream: bool) -> serde_json::Value {
     let mut v = serde_json::json!({"model": model, "stream": stream,
         "messages": [{"role": "user", "content": "hello there"}]});
     if let Some(m) = max_tokens {
@@ -93,10 +95,10 @@ async fn a_key_calls_only_its_tenants_models() {
     assert_eq!(models(&gw, "sk-other-2").await, vec!["big"]);
     assert_eq!(models(&gw, "sk-global-1").await, vec!["m-small", "big"]);
 
-    let r = post(&gw, "sk-search-1", &chat("m-small", Some(4), false), &[]).await;
+    let r = post(&gw, "sk-search-1", &hello("m-small", Some(4), false), &[]).await;
     assert_eq!(r.status(), 200);
     // A model outside `models`: 403, OpenAI-shaped on the OpenAI API…
-    let r = post(&gw, "sk-search-1", &chat("big", Some(4), false), &[]).await;
+    let r = post(&gw, "sk-search-1", &hello("big", Some(4), false), &[]).await;
     assert_eq!(r.status(), 403);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "model_not_allowed", "{v}");
@@ -115,13 +117,13 @@ async fn a_key_calls_only_its_tenants_models() {
     assert_eq!(v["type"], "error", "{v}");
     assert_eq!(v["error"]["type"], "permission_error", "{v}");
     // The other tenant's keys (from the environment) and the global key.
-    let r = post(&gw, "sk-other-1", &chat("big", Some(4), false), &[]).await;
+    let r = post(&gw, "sk-other-1", &hello("big", Some(4), false), &[]).await;
     assert_eq!(r.status(), 200);
-    let r = post(&gw, "sk-other-1", &chat("m-small", Some(4), false), &[]).await;
+    let r = post(&gw, "sk-other-1", &hello("m-small", Some(4), false), &[]).await;
     assert_eq!(r.status(), 403);
-    let r = post(&gw, "sk-global-1", &chat("big", Some(4), false), &[]).await;
+    let r = post(&gw, "sk-global-1", &hello("big", Some(4), false), &[]).await;
     assert_eq!(r.status(), 200);
-    let r = post(&gw, "sk-nobody", &chat("big", Some(4), false), &[]).await;
+    let r = post(&gw, "sk-nobody", &hello("big", Some(4), false), &[]).await;
     assert_eq!(r.status(), 401);
 
     gw.wait_idle().await;
@@ -185,7 +187,7 @@ async fn token_limits_charge_what_a_stream_used() {
     let r = post(
         &gw,
         "sk-t",
-        &chat("m", None, true),
+        &hello("m", None, true),
         &[("x-sim-output-tokens", "900")],
     )
     .await;
@@ -203,7 +205,7 @@ async fn token_limits_charge_what_a_stream_used() {
     // (The gateway completes the request just after the client read its end.)
     gw.wait_idle().await;
     // Charged 900, not 256: 200 more output tokens do not fit this minute.
-    let r = post(&gw, "sk-t", &chat("m", Some(200), false), &[]).await;
+    let r = post(&gw, "sk-t", &hello("m", Some(200), false), &[]).await;
     assert_eq!(r.status(), 429, "{:?}", r.headers());
     let retry: u64 = num(&r, "retry-after");
     assert!((5..=7).contains(&retry), "retry-after {retry}");
@@ -229,7 +231,7 @@ async fn token_limits_charge_what_a_stream_used() {
     assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
     // A minute later the bucket is full again.
     gw.advance_clock(60_000).await;
-    let r = post(&gw, "sk-t", &chat("m", Some(200), false), &[]).await;
+    let r = post(&gw, "sk-t", &hello("m", Some(200), false), &[]).await;
     assert_eq!(r.status(), 200);
     let left = num(&r, "x-ratelimit-remaining-output-tokens");
     assert!((800..=810).contains(&left), "{left}");
@@ -251,7 +253,7 @@ async fn token_limits_charge_what_a_stream_used() {
     );
     // Requests per minute: 100 this minute, 3 used.
     gw.advance_clock(60_000).await;
-    let r = post(&gw, "sk-t", &chat("m", Some(1), false), &[]).await;
+    let r = post(&gw, "sk-t", &hello("m", Some(1), false), &[]).await;
     assert_eq!(num(&r, "x-ratelimit-remaining-requests"), 99);
 }
 
@@ -278,7 +280,7 @@ async fn concurrency_comes_back_after_hang_ups_and_failures() {
         // Two long streams hold both slots; a third request is refused.
         let mut streams = Vec::new();
         while streams.len() < 2 {
-            let r = post(&gw, "sk-t", &chat("m", None, true), long).await;
+            let r = post(&gw, "sk-t", &hello("m", None, true), long).await;
             if r.status() == 429 && std::time::Instant::now() < deadline {
                 refused_late += 1;
                 continue;
@@ -288,7 +290,7 @@ async fn concurrency_comes_back_after_hang_ups_and_failures() {
             s.next().await.unwrap().unwrap();
             streams.push(s);
         }
-        let r = post(&gw, "sk-t", &chat("m", Some(1), false), &[]).await;
+        let r = post(&gw, "sk-t", &hello("m", Some(1), false), &[]).await;
         assert_eq!(r.status(), 429, "round {round}");
         assert_eq!(num(&r, "retry-after"), 1);
         // The clients hang up: the slots come back.
@@ -296,7 +298,7 @@ async fn concurrency_comes_back_after_hang_ups_and_failures() {
         // Upstream failures end their requests too.
         let mut failed = 0;
         while failed < 3 {
-            let r = post(&gw, "sk-t", &chat("down", Some(1), false), &[]).await;
+            let r = post(&gw, "sk-t", &hello("down", Some(1), false), &[]).await;
             if r.status() == 429 && std::time::Instant::now() < deadline {
                 refused_late += 1;
                 continue;
@@ -312,7 +314,7 @@ async fn concurrency_comes_back_after_hang_ups_and_failures() {
     eprintln!("refused while a slot was being released: {refused_late}");
     // The token buckets are full again a minute later.
     gw.advance_clock(60_000).await;
-    let r = post(&gw, "sk-t", &chat("m", Some(1), false), &[]).await;
+    let r = post(&gw, "sk-t", &hello("m", Some(1), false), &[]).await;
     assert_eq!(r.status(), 200);
     let left = num(&r, "x-ratelimit-remaining-output-tokens");
     assert!(left >= 99_000, "{left}");
@@ -364,7 +366,7 @@ async fn the_next_request_right_after_an_answer_gets_the_slot() {
     );
     let gw = GatewayProc::start(&yaml);
     let long = &[("x-sim-output-tokens", "100000")];
-    let held = post(&gw, "sk-t", &chat("m", None, true), long).await;
+    let held = post(&gw, "sk-t", &hello("m", None, true), long).await;
     assert_eq!(held.status(), 200);
     let mut held = held.bytes_stream();
     held.next().await.unwrap().unwrap();
@@ -378,7 +380,7 @@ async fn the_next_request_right_after_an_answer_gets_the_slot() {
         let r = client
             .post(gw.url("/v1/chat/completions"))
             .bearer_auth("sk-t")
-            .json(&chat("m", Some(2), stream))
+            .json(&hello("m", Some(2), stream))
             .send()
             .await
             .unwrap();
@@ -392,11 +394,11 @@ async fn the_next_request_right_after_an_answer_gets_the_slot() {
     }
     assert!(refused.is_empty(), "refused at the limit: {refused:?}");
     // Exactly one slot is free now: a second long stream takes it, a third request is refused.
-    let second = post(&gw, "sk-t", &chat("m", None, true), long).await;
+    let second = post(&gw, "sk-t", &hello("m", None, true), long).await;
     assert_eq!(second.status(), 200);
     let mut second = second.bytes_stream();
     second.next().await.unwrap().unwrap();
-    let r = post(&gw, "sk-t", &chat("m", Some(1), false), &[]).await;
+    let r = post(&gw, "sk-t", &hello("m", Some(1), false), &[]).await;
     assert_eq!(r.status(), 429, "a slot was freed twice");
     drop((held, second));
     gw.wait_idle().await;
@@ -422,10 +424,10 @@ async fn reload_keeps_the_counters_of_unchanged_tenants() {
     };
     let gw = GatewayProc::start(&tenants(2, ""));
     for key in ["sk-a", "sk-a", "sk-b"] {
-        let r = post(&gw, key, &chat("m", Some(1), false), &[]).await;
+        let r = post(&gw, key, &hello("m", Some(1), false), &[]).await;
         assert_eq!(r.status(), 200);
     }
-    let r = post(&gw, "sk-a", &chat("m", Some(1), false), &[]).await;
+    let r = post(&gw, "sk-a", &hello("m", Some(1), false), &[]).await;
     assert_eq!(r.status(), 429);
     // b gets a higher limit and c is added; a is unchanged.
     let path = gw.config_path();
@@ -458,13 +460,13 @@ async fn reload_keeps_the_counters_of_unchanged_tenants() {
     })
     .await;
     // a's minute is still used up; b has its new limit with the request it made counted.
-    let r = post(&gw, "sk-a", &chat("m", Some(1), false), &[]).await;
+    let r = post(&gw, "sk-a", &hello("m", Some(1), false), &[]).await;
     assert_eq!(r.status(), 429, "a's counter was dropped by the reload");
-    let r = post(&gw, "sk-b", &chat("m", Some(1), false), &[]).await;
+    let r = post(&gw, "sk-b", &hello("m", Some(1), false), &[]).await;
     assert_eq!(r.status(), 200);
     assert_eq!(num(&r, "x-ratelimit-limit-requests"), 5);
     assert_eq!(num(&r, "x-ratelimit-remaining-requests"), 0);
-    let r = post(&gw, "sk-c", &chat("m", Some(1), false), &[]).await;
+    let r = post(&gw, "sk-c", &hello("m", Some(1), false), &[]).await;
     assert_eq!(r.status(), 200);
 }
 
@@ -577,7 +579,7 @@ fn send_many(
                 let mut r = reqwest::Client::new()
                     .post(url)
                     .bearer_auth(key)
-                    .json(&chat("m", Some(16), false));
+                    .json(&hello("m", Some(16), false));
                 if let Some((k, v)) = extra {
                     r = r.header(k, v);
                 }

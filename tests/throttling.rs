@@ -21,10 +21,6 @@ async fn slow_sim(id: &str, prefill_tps: f64) -> engine_sim::SimHandle {
     .unwrap()
 }
 
-fn words(tag: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{tag}{i} ")).collect()
-}
-
 fn body(prompt: &str, stream: bool) -> serde_json::Value {
     serde_json::json!({"model": "m", "stream": stream, "max_tokens": 2,
         "messages": [{"role": "user", "content": prompt}]})

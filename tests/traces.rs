@@ -136,10 +136,6 @@ async fn a_stream_cut_after_its_first_byte_is_counted_and_logged_as_truncated() 
     );
 }
 
-fn words(tag: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{tag}{i} ")).collect()
-}
-
 fn body(prompt: &str, stream: bool) -> serde_json::Value {
     serde_json::json!({"model": "m", "stream": stream, "max_tokens": 2,
         "messages": [{"role": "user", "content": prompt}]})

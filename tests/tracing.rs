@@ -642,11 +642,39 @@ async fn sample_ratio_zero_exports_nothing_but_a_sampled_client_trace() {
     for _ in 0..10 {
         stream_chat(&gw, None).await.bytes().await.unwrap();
     }
-    // Unsampled: the engine still gets a traceparent, flagged not sampled.
-    for s in engine.seen() {
+    // Unsampled: the engine still gets a traceparent, flagged not sampled, a new trace each.
+    let seen = engine.seen();
+    let mut traces = std::collections::HashSet::new();
+    for s in &seen {
         let tp = s.header("traceparent").unwrap();
-        assert!(tp.ends_with("-00"), "{tp}");
+        let parts: Vec<&str> = tp.split('-').collect();
+        assert_eq!(parts.len(), 4, "{tp}");
+        assert_eq!((parts[0], parts[3]), ("00", "00"), "{tp}");
+        assert!(parts[1].len() == 32 && parts[2].len() == 16, "{tp}");
+        assert!(
+            tp.bytes().all(|b| b == b'-' || b.is_ascii_hexdigit()),
+            "{tp}"
+        );
+        assert_eq!(s.header("tracestate"), None, "no empty tracestate");
+        traces.insert(parts[1].to_string());
     }
+    assert_eq!(traces.len(), seen.len(), "one trace per request");
+    // A client's unsampled trace is continued unsampled: its trace id, a span of the gateway's
+    // own as the parent, its tracestate passed on.
+    let unsampled = "4bf92f3577b34da6a3ce929d0e0e4736";
+    stream_chat(&gw, Some(&format!("00-{unsampled}-00f067aa0ba902b7-00")))
+        .await
+        .bytes()
+        .await
+        .unwrap();
+    let last = engine.seen().pop().unwrap();
+    let tp = last.header("traceparent").unwrap().to_string();
+    assert!(tp.starts_with(&format!("00-{unsampled}-")), "{tp}");
+    assert!(
+        tp.ends_with("-00") && !tp.contains("00f067aa0ba902b7"),
+        "{tp}"
+    );
+    assert_eq!(last.header("tracestate"), Some("vendor=abc"));
     // A client's sampled trace is recorded (parent-based sampling); the queue is FIFO, so
     // once its spans arrived, any span of the 10 requests before it would have too.
     let client_trace = "0af7651916cd43dd8448eb211c80319c";

@@ -280,27 +280,7 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
 
     let stop_progress = Arc::new(AtomicBool::new(false));
     if cfg.progress {
-        let (ctx, stop) = (ctx.clone(), stop_progress.clone());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let (s, d) = (
-                    ctx.sent.load(Ordering::Relaxed),
-                    ctx.done.load(Ordering::Relaxed),
-                );
-                eprintln!(
-                    "bench replay: {:>6.1}s sent {s} done {d} in-flight {} waited-for-cap {}",
-                    ctx.t0.elapsed().as_secs_f64(),
-                    s.saturating_sub(d),
-                    ctx.waited.load(Ordering::Relaxed)
-                );
-            }
-        });
+        spawn_progress(ctx.clone(), stop_progress.clone());
     }
 
     let mut tasks = JoinSet::new();
@@ -335,18 +315,7 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
         (_, Some(d)) => Some(d.max(Instant::now()) + cfg.drain_timeout),
         (_, None) => None,
     };
-    let all = async { while tasks.join_next().await.is_some() {} };
-    let drained = match drain_until {
-        Some(t) => tokio::time::timeout_at(t.into(), all).await.is_ok(),
-        None => {
-            all.await;
-            true
-        }
-    };
-    if !drained {
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
-    }
+    drain(&mut tasks, drain_until).await;
     stop_progress.store(true, Ordering::Relaxed);
     let (sent, waited) = (
         ctx.sent.load(Ordering::Relaxed),
@@ -377,7 +346,65 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
         waited_for_concurrency: waited,
         ..Default::default()
     };
-    let meta = RunMeta {
+    let meta = run_meta(&cfg, started_at, workload_name, params);
+    let bucket_ms = cfg.bucket.as_secs_f64() * 1000.0;
+    let mut report = Report::build(meta, counts, records, itl, bucket_ms);
+    if let Some((b, t)) = ideal {
+        report.tokens.ideal_block_hit_ratio = Some(b);
+        report.tokens.ideal_token_hit_ratio = Some(t);
+    }
+    Ok(report)
+}
+
+/// A progress line on stderr every 5 s until `stop`.
+fn spawn_progress(ctx: Arc<Ctx>, stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let (s, d) = (
+                ctx.sent.load(Ordering::Relaxed),
+                ctx.done.load(Ordering::Relaxed),
+            );
+            eprintln!(
+                "bench replay: {:>6.1}s sent {s} done {d} in-flight {} waited-for-cap {}",
+                ctx.t0.elapsed().as_secs_f64(),
+                s.saturating_sub(d),
+                ctx.waited.load(Ordering::Relaxed)
+            );
+        }
+    });
+}
+
+/// Waits for the requests still running until `until` (for ever without one), then aborts
+/// what is left.
+async fn drain(tasks: &mut JoinSet<()>, until: Option<Instant>) {
+    let all = async { while tasks.join_next().await.is_some() {} };
+    let drained = match until {
+        Some(t) => tokio::time::timeout_at(t.into(), all).await.is_ok(),
+        None => {
+            all.await;
+            true
+        }
+    };
+    if !drained {
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// What the report says about the run itself.
+fn run_meta(
+    cfg: &ReplayConfig,
+    started_at: String,
+    workload_name: &str,
+    params: serde_json::Value,
+) -> RunMeta {
+    RunMeta {
         tool: "tokengate bench replay".into(),
         tokengate_version: env!("CARGO_PKG_VERSION").into(),
         command_line: cfg.command_line.clone(),
@@ -396,14 +423,7 @@ pub async fn replay(cfg: ReplayConfig) -> anyhow::Result<Report> {
         limit: cfg.limit,
         duration_s: cfg.duration.map(|d| d.as_secs_f64()),
         session_header: cfg.session_header.clone(),
-    };
-    let bucket_ms = cfg.bucket.as_secs_f64() * 1000.0;
-    let mut report = Report::build(meta, counts, records, itl, bucket_ms);
-    if let Some((b, t)) = ideal {
-        report.tokens.ideal_block_hit_ratio = Some(b);
-        report.tokens.ideal_token_hit_ratio = Some(t);
     }
-    Ok(report)
 }
 
 /// How many requests the workload produced: known up front (trace) or counted by the

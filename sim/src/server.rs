@@ -483,32 +483,8 @@ async fn inference(
         Ok(p) => p,
         Err(e) => return Ok(error_response(Some(api), 400, &e)),
     };
-    if let Some(m) = &parsed.model {
-        if *m != cfg.model {
-            return Ok(error_response(
-                Some(api),
-                404,
-                &format!("The model `{m}` does not exist."),
-            ));
-        }
-    }
-    if faults.rate_limit {
-        let mut r = error_response(
-            Some(api),
-            429,
-            "Too many requests (engine-sim rate_limit fault)",
-        );
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(faults.retry_after_s));
+    if let Some(r) = refusal(shared, api, parsed.model.as_deref(), &faults) {
         return Ok(r);
-    }
-    let draw = shared.fault_draws.fetch_add(1, Ordering::Relaxed);
-    if faults.should_error(draw) {
-        return Ok(error_response(
-            Some(api),
-            faults.error_status,
-            "Injected server error (engine-sim error_rate fault)",
-        ));
     }
     let plan = match pd::plan(cfg, &parsed.pd) {
         Ok(p) => p,
@@ -522,26 +498,13 @@ async fn inference(
     } else {
         None
     };
-    let (output_tokens, length_limited) = match (&answer, override_tokens, parsed.max_tokens) {
-        (Some(a), _, max) => {
-            let n = api::answer_tokens(a) as u64;
-            match max {
-                Some(m) if m < n => (m, true),
-                _ => (n, false),
-            }
-        }
-        (None, Some(n), _) => (n, false),
-        (None, None, Some(n)) => (n, true),
-        (None, None, None) => (cfg.default_output_tokens as u64, false),
-    };
-    // A PD prefill produces the first token only (SGLang: FINISH_LENGTH(0);
-    // vLLM's proxy sends max_tokens 1).
-    let (output_tokens, length_limited) = if plan.is_prefill() {
-        (1, true)
-    } else {
-        (output_tokens, length_limited)
-    };
-    let output_tokens = output_tokens.clamp(1, u32::MAX as u64 / 2) as usize;
+    let (output_tokens, length_limited) = output_length(
+        cfg,
+        answer.as_deref(),
+        override_tokens,
+        parsed.max_tokens,
+        plan.is_prefill(),
+    );
     if prompt_tokens + output_tokens > cfg.max_model_len
         || shared.engine.blocks_needed(prompt_tokens, output_tokens) > cfg.kv_blocks
     {
@@ -595,51 +558,15 @@ async fn inference(
         }
     }
     // PD prefill: the KV is handed over when the prefill finishes.
-    let mut kv_params = None;
-    let job = match &plan {
-        Plan::SglPrefill { room } => Some(PrefillJob {
-            key: pd::room_key(*room),
-            hold: shared.pd.next_hold(),
-            info: KvInfo {
-                engine_id: cfg.id.clone(),
-                prompt_tokens: prompt_tokens as u32,
-                cached_tokens: 0,
-                prompt_hash,
-                block_ids: Vec::new(),
-            },
-            what: format!("rid={} bootstrap_room={room}", ticket.name()),
-            name: ticket.name().to_string(),
-            abort: ticket.signal(),
-        }),
-        Plan::VllmPrefill => {
-            let block_ids = shared.pd.block_ids(prompt_tokens.div_ceil(cfg.block_size));
-            kv_params = Some(json!({
-                "do_remote_prefill": true,
-                "do_remote_decode": false,
-                "remote_block_ids": block_ids,
-                "remote_engine_id": cfg.id,
-                "remote_request_id": id,
-                "remote_host": local.ip().to_string(),
-                "remote_port": local.port(),
-                "tp_size": 1,
-            }));
-            Some(PrefillJob {
-                key: pd::transfer_key(&id),
-                hold: shared.pd.next_hold(),
-                info: KvInfo {
-                    engine_id: cfg.id.clone(),
-                    prompt_tokens: prompt_tokens as u32,
-                    cached_tokens: 0,
-                    prompt_hash,
-                    block_ids,
-                },
-                what: id.clone(),
-                name: ticket.name().to_string(),
-                abort: ticket.signal(),
-            })
-        }
-        _ => None,
-    };
+    let (job, kv_params) = prefill_job(
+        shared,
+        &plan,
+        &ticket,
+        &id,
+        prompt_tokens,
+        prompt_hash,
+        local,
+    );
     let (tx, rx) = mpsc::unbounded_channel();
     shared.engine.submit(Submit {
         hashes,
@@ -652,7 +579,7 @@ async fn inference(
         abort: Some(ticket.signal()),
         tx,
     });
-    let mut rx = match job {
+    let rx = match job {
         Some(job) => pd::relay_prefill(
             shared.engine.clone(),
             shared.pd.clone(),
@@ -676,29 +603,193 @@ async fn inference(
     };
     let first_byte_at = arrived + Duration::from_millis(faults.first_byte_delay_ms);
     if parsed.stream {
-        let mut fmt = StreamFmt::new(meta, prompt_tokens as u32);
-        let mut start = String::new();
-        fmt.start(&mut start);
-        let body = SseBody {
-            ticket,
-            rx,
-            fmt,
-            close_after: faults.close_after_chunks,
-            state: SseState::Streaming,
-            pending: (!start.is_empty()).then_some(start),
-        };
-        if faults.first_byte_delay_ms > 0 {
-            tokio::time::sleep_until(first_byte_at).await;
-        }
-        let mut r = Response::new(SimBody::Sse(Box::new(body)));
-        let h = r.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream; charset=utf-8"),
-        );
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        return Ok(r);
+        let body = sse_body(meta, prompt_tokens, ticket, rx, &faults);
+        return Ok(stream_response(body, &faults, first_byte_at).await);
     }
+    unary_response(api, meta, ticket, rx, &faults, first_byte_at, kv_params).await
+}
+
+/// An answer before any work: an unknown model (404), or an injected fault (429 with
+/// `Retry-After`, or `error_rate`'s status).
+fn refusal(
+    shared: &Shared,
+    api: Api,
+    model: Option<&str>,
+    faults: &Faults,
+) -> Option<Response<SimBody>> {
+    let cfg = &shared.cfg;
+    if let Some(m) = model {
+        if m != cfg.model {
+            return Some(error_response(
+                Some(api),
+                404,
+                &format!("The model `{m}` does not exist."),
+            ));
+        }
+    }
+    if faults.rate_limit {
+        let mut r = error_response(
+            Some(api),
+            429,
+            "Too many requests (engine-sim rate_limit fault)",
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(faults.retry_after_s));
+        return Some(r);
+    }
+    let draw = shared.fault_draws.fetch_add(1, Ordering::Relaxed);
+    if faults.should_error(draw) {
+        return Some(error_response(
+            Some(api),
+            faults.error_status,
+            "Injected server error (engine-sim error_rate fault)",
+        ));
+    }
+    None
+}
+
+/// The output length of a request, and whether `max_tokens` cut it: a decision-mode answer's
+/// own length (cut by `max_tokens` like a real model; `x-sim-output-tokens` is ignored), else
+/// `x-sim-output-tokens`, else `max_tokens`, else the default. A PD prefill produces the
+/// first token only (SGLang: FINISH_LENGTH(0); vLLM's proxy sends max_tokens 1).
+fn output_length(
+    cfg: &SimConfig,
+    answer: Option<&str>,
+    override_tokens: Option<u64>,
+    max_tokens: Option<u64>,
+    prefill: bool,
+) -> (usize, bool) {
+    if prefill {
+        return (1, true);
+    }
+    let (n, length_limited) = match (answer, override_tokens, max_tokens) {
+        (Some(a), _, max) => {
+            let n = api::answer_tokens(a) as u64;
+            match max {
+                Some(m) if m < n => (m, true),
+                _ => (n, false),
+            }
+        }
+        (None, Some(n), _) => (n, false),
+        (None, None, Some(n)) => (n, true),
+        (None, None, None) => (cfg.default_output_tokens as u64, false),
+    };
+    (n.clamp(1, u32::MAX as u64 / 2) as usize, length_limited)
+}
+
+/// A PD prefill's hand-over of its KV once it finishes (`None` for any other request), and
+/// for vLLM the `kv_transfer_params` its response carries.
+fn prefill_job(
+    shared: &Shared,
+    plan: &Plan,
+    ticket: &Ticket,
+    id: &str,
+    prompt_tokens: usize,
+    prompt_hash: u64,
+    local: SocketAddr,
+) -> (Option<PrefillJob>, Option<Value>) {
+    let cfg = &shared.cfg;
+    match plan {
+        Plan::SglPrefill { room } => {
+            let job = PrefillJob {
+                key: pd::room_key(*room),
+                hold: shared.pd.next_hold(),
+                info: KvInfo {
+                    engine_id: cfg.id.clone(),
+                    prompt_tokens: prompt_tokens as u32,
+                    cached_tokens: 0,
+                    prompt_hash,
+                    block_ids: Vec::new(),
+                },
+                what: format!("rid={} bootstrap_room={room}", ticket.name()),
+                name: ticket.name().to_string(),
+                abort: ticket.signal(),
+            };
+            (Some(job), None)
+        }
+        Plan::VllmPrefill => {
+            let block_ids = shared.pd.block_ids(prompt_tokens.div_ceil(cfg.block_size));
+            let kv_params = json!({
+                "do_remote_prefill": true,
+                "do_remote_decode": false,
+                "remote_block_ids": block_ids,
+                "remote_engine_id": cfg.id,
+                "remote_request_id": id,
+                "remote_host": local.ip().to_string(),
+                "remote_port": local.port(),
+                "tp_size": 1,
+            });
+            let job = PrefillJob {
+                key: pd::transfer_key(id),
+                hold: shared.pd.next_hold(),
+                info: KvInfo {
+                    engine_id: cfg.id.clone(),
+                    prompt_tokens: prompt_tokens as u32,
+                    cached_tokens: 0,
+                    prompt_hash,
+                    block_ids,
+                },
+                what: id.to_string(),
+                name: ticket.name().to_string(),
+                abort: ticket.signal(),
+            };
+            (Some(job), Some(kv_params))
+        }
+        _ => (None, None),
+    }
+}
+
+/// A streamed answer's body: the engine's events as server-sent events.
+fn sse_body(
+    meta: Meta,
+    prompt_tokens: usize,
+    ticket: Ticket,
+    rx: mpsc::UnboundedReceiver<Ev>,
+    faults: &Faults,
+) -> SseBody {
+    let mut fmt = StreamFmt::new(meta, prompt_tokens as u32);
+    let mut start = String::new();
+    fmt.start(&mut start);
+    SseBody {
+        ticket,
+        rx,
+        fmt,
+        close_after: faults.close_after_chunks,
+        state: SseState::Streaming,
+        pending: (!start.is_empty()).then_some(start),
+    }
+}
+
+/// The streamed answer's response, sent no earlier than `first_byte_at`.
+async fn stream_response(
+    body: SseBody,
+    faults: &Faults,
+    first_byte_at: tokio::time::Instant,
+) -> Response<SimBody> {
+    if faults.first_byte_delay_ms > 0 {
+        tokio::time::sleep_until(first_byte_at).await;
+    }
+    let mut r = Response::new(SimBody::Sse(Box::new(body)));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// A non-streamed answer: the engine's events awaited, then the whole body (with vLLM's
+/// `kv_transfer_params` for a prefill), no earlier than `first_byte_at`.
+async fn unary_response(
+    api: Api,
+    meta: Meta,
+    ticket: Ticket,
+    mut rx: mpsc::UnboundedReceiver<Ev>,
+    faults: &Faults,
+    first_byte_at: tokio::time::Instant,
+    kv_params: Option<Value>,
+) -> Result<Response<SimBody>, BoxError> {
     let mut usage: Option<Usage> = None;
     while let Some(ev) = rx.recv().await {
         match ev {

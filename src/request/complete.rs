@@ -12,7 +12,7 @@
 use super::{global, linger, pd, Ctx, Guard, LegRole, LocalLeg, Plan, To};
 use crate::clock::now_ms;
 use crate::load::Outcome;
-use crate::runtime::{Instance, Runtime};
+use crate::runtime::{Instance, Runtime, Service};
 use crate::shared::Shared;
 use crate::usage::Usage;
 use log::info;
@@ -82,7 +82,7 @@ pub fn attempt_failed(shared: &Shared, ctx: &mut Ctx, plan: &Plan, retried_statu
     let mut pd = ctx.pd.take();
     if ctx.trace.is_some() {
         let state = pd.as_ref().map(|a| a.side.state());
-        trace_prefill(ctx.trace.as_deref_mut(), state);
+        trace_prefill(ctx.trace.as_mut(), state);
     }
     let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
     if let Some(a) = pd.as_mut() {
@@ -269,6 +269,169 @@ fn ended_as(ctx: &Ctx, e: Option<&Error>, status: u16, client_left: bool) -> &'s
     }
 }
 
+/// What served a request: its main, dispatched leg.
+#[derive(Default)]
+struct Served {
+    /// The leg's name (an instance, an external upstream, another region's gateway).
+    by: Option<String>,
+    /// The metric's instance label: a pair's decode instance (its prefill instance is in
+    /// tokengate_pd_prefill_total; pairs would multiply the label values).
+    id: Option<String>,
+    /// The local service that served it.
+    service: Option<Arc<Service>>,
+}
+
+/// A disaggregated pair's prefill, as its legs' completion sees it.
+struct PrefillEnd {
+    /// The prefill's own usage (its cached tokens are the prefix cache's truth).
+    usage: Option<Usage>,
+    /// The decode failed because its prefill did.
+    failed: bool,
+}
+
+/// Each leg's outcome: remote legs counted; local ones into passive health, the scheduler's
+/// feedback, the engine's learned figures, the prefix index and the hit-rate counters, and
+/// their load guards released (the main leg's held while `lingering`: an answer that did not
+/// reach its end, the engine may still be running it, [`super::linger`]).
+#[allow(clippy::too_many_arguments)]
+fn settle_legs(
+    shared: &Shared,
+    ctx: &Ctx,
+    plan: &Plan,
+    legs: Vec<super::Leg>,
+    outcome: Outcome,
+    u: Usage,
+    prefill: PrefillEnd,
+    mut lingering: Option<linger::Held>,
+) -> Served {
+    let mut served = Served::default();
+    let now = now_ms();
+    for leg in legs {
+        let dispatched = leg.dispatched;
+        let dispatched_ms = leg.dispatched_ms;
+        let role = leg.role;
+        if dispatched.is_some() && role == LegRole::Main {
+            served.by = Some(leg.name().to_string());
+            if let To::Local(l) = &leg.to {
+                if l.label.is_some() {
+                    served.id = Some(l.instance.id.clone());
+                }
+            }
+        }
+        let l = match leg.to {
+            To::Local(l) => l,
+            To::Remote(r) => {
+                if dispatched.is_some() {
+                    let refusal = |s: u16| match r.entry {
+                        Some(_) => super::split::fails_over_on(s),
+                        None => global::REFUSALS.contains(&s),
+                    };
+                    let o = match (outcome, ctx.response.upstream_status) {
+                        (Outcome::Completed, _) => "ok",
+                        (_, Some(s)) if refusal(s) => "refused",
+                        (Outcome::Cancelled, _) => "cancelled",
+                        _ => "error",
+                    };
+                    count_remote(shared, &r, o);
+                }
+                continue;
+            }
+        };
+        // A prefill leg's health was counted when its prefill ended; a decode that
+        // failed because its prefill did is not to blame.
+        if dispatched.is_some() && role == LegRole::Main {
+            match outcome {
+                Outcome::Failed if !prefill.failed => {
+                    passive(&l.instance, true, &plan.runtime, now)
+                }
+                Outcome::Completed => passive(&l.instance, false, &plan.runtime, now),
+                _ => {}
+            }
+        }
+        if l.instance.role == tokengate_plugins::Role::Decode {
+            // The decode instance holds no prompt for the index and no scheduler state.
+            l.guard.finish(outcome);
+            continue;
+        }
+        let u = match (role, prefill.usage) {
+            (LegRole::Prefill, Some(p)) => Usage {
+                prompt: p.prompt.or(u.prompt),
+                cached: p.cached.or(u.cached),
+                completion: u.completion,
+            },
+            _ => u,
+        };
+        let done = Completion {
+            outcome,
+            ttft_ms: match (dispatched, ctx.response.ttft) {
+                (Some(d), Some(t)) => {
+                    let since_dispatch = d.saturating_duration_since(ctx.start);
+                    Some(t.saturating_sub(since_dispatch).as_secs_f64() * 1e3)
+                }
+                _ => None,
+            },
+            prompt_tokens: u.prompt,
+            cached_tokens: u.cached,
+        };
+        feedback(&l, plan, &done, now);
+        if outcome == Outcome::Completed {
+            learn(shared, &l, dispatched, plan, ctx, u, now);
+        }
+        if dispatched.is_some() {
+            // Refresh the prompt's last use (the index keeps whole ticks: a request that
+            // ended within the tick of its dispatch, when the index inserted it, has
+            // nothing to refresh).
+            use tokengate_plugins::prefix::TICK_MS;
+            if outcome == Outcome::Completed && dispatched_ms / TICK_MS != now / TICK_MS {
+                l.service.index.touch(&plan.blocks, l.instance.key, now);
+            }
+            // The hit-rate figures of every routed request, per service.
+            let c = &l.service.counters;
+            let bt = plan.runtime.block_tokens as u64;
+            c.prefix_prompt
+                .inc_by(u64::from(l.prefix.prompt_blocks) * bt);
+            c.prefix_ceiling.inc_by(u64::from(l.prefix.best) * bt);
+            c.prefix_predicted.inc_by(u64::from(l.prefix.matched) * bt);
+            if let (Some(prompt), Some(cached)) = (u.prompt, u.cached) {
+                c.engine_prompt.inc_by(prompt);
+                c.engine_cached.inc_by(cached);
+                // The index's prediction for the same request in the engine's units.
+                c.engine_predicted
+                    .inc_by(calibration(&l, plan, prompt, cached).expected);
+            }
+            if let Some(p) = u.prompt {
+                c.tokens_prompt.inc_by(p);
+            }
+            if let Some(x) = u.completion {
+                c.tokens_completion.inc_by(x);
+                if outcome == Outcome::Completed {
+                    l.service.output.observe(x);
+                }
+            }
+            if let Some(x) = u.cached {
+                c.tokens_cached.inc_by(x);
+            }
+            served.service = Some(l.service.clone());
+        }
+        match (role, l.guard) {
+            // A dispatched prefill's load is released by whoever ends it (below).
+            (LegRole::Prefill, Guard::Shared(_)) => {}
+            (LegRole::Main, g) if dispatched.is_some() && lingering.is_some() => {
+                if let Some(held) = lingering.take() {
+                    linger::release_after(
+                        held,
+                        plan.runtime.timeouts.idle,
+                        linger::step_allowance(ctx.response.max_gap),
+                        move || g.finish(outcome),
+                    );
+                }
+            }
+            (_, g) => g.finish(outcome),
+        }
+    }
+    served
+}
+
 /// `logging`: completes the request. Runs exactly once per request (for a request whose
 /// body went to a subrequest, in the subrequest).
 pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
@@ -290,40 +453,31 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         Outcome::Completed
     };
     let u = ctx.response.usage;
-    let m = &shared.metrics;
     let legs = std::mem::take(&mut ctx.legs);
     // A disaggregated pair: the prefill's own usage (its cached tokens are the prefix
     // cache's truth), and whether the decode failed because its prefill did.
     let pd = ctx.pd.take();
     if ctx.trace.is_some() {
         let state = pd.as_ref().map(|a| a.side.state());
-        trace_prefill(ctx.trace.as_deref_mut(), state);
+        trace_prefill(ctx.trace.as_mut(), state);
     }
-    let prefill_usage = pd.as_ref().and_then(|a| match a.side.state() {
-        pd::State::Done { usage, .. } => Some(usage),
-        _ => None,
-    });
-    let prefill_failed = pd.as_ref().is_some_and(|a| a.side.failure().is_some());
+    let prefill = PrefillEnd {
+        usage: pd.as_ref().and_then(|a| match a.side.state() {
+            pd::State::Done { usage, .. } => Some(usage),
+            _ => None,
+        }),
+        failed: pd.as_ref().is_some_and(|a| a.side.failure().is_some()),
+    };
     // The tenant's ticket first: once the load table shows the request gone, so does
     // its tenant.
     let ticket = ctx.plan.as_mut().and_then(|p| p.ticket.take());
-    let served = legs
+    let dispatched = legs
         .iter()
         .any(|l| l.role == LegRole::Main && l.dispatched.is_some());
-    tenant_accounting(shared, ctx, ticket, outcome, u, served);
-    let mut model: &str = match (&ctx.plan, &ctx.refused_model) {
-        (Some(p), _) => p.dest.name(),
-        (None, Some(m)) => m,
-        (None, None) => "-",
-    };
-    let mut served_by: Option<String> = None;
-    // The metric's instance label: a pair's decode instance (its prefill instance is in
-    // tokengate_pd_prefill_total; pairs would multiply the label values).
-    let mut served_id: Option<String> = None;
-    let mut served_service = None;
+    tenant_accounting(shared, ctx, ticket, outcome, u, dispatched);
     // The traced request's served leg: the engine's model, its address, the predicted hit.
     let traced = match (&ctx.trace, ctx.plan.as_ref()) {
-        (Some(_), Some(plan)) => legs
+        (Some(t), Some(plan)) if t.recording() => legs
             .iter()
             .filter(|l| l.role == LegRole::Main && l.dispatched.is_some())
             .find_map(|l| l.local())
@@ -338,141 +492,59 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
     };
     // An answer that did not reach its end: the engine may still be running it; the main
     // leg's load and slot are held until it lets go ([`super::linger`]).
-    let mut lingering = if outcome != Outcome::Completed && !ctx.response.ended {
+    let lingering = if outcome != Outcome::Completed && !ctx.response.ended {
         ctx.upstream.take()
     } else {
         None
     };
-    if let Some(plan) = ctx.plan.as_ref() {
-        let now = now_ms();
-        for leg in legs {
-            let dispatched = leg.dispatched;
-            let dispatched_ms = leg.dispatched_ms;
-            let role = leg.role;
-            if dispatched.is_some() && role == LegRole::Main {
-                served_by = Some(leg.name().to_string());
-                if let To::Local(l) = &leg.to {
-                    if l.label.is_some() {
-                        served_id = Some(l.instance.id.clone());
-                    }
-                }
-            }
-            let l = match leg.to {
-                To::Local(l) => l,
-                To::Remote(r) => {
-                    if dispatched.is_some() {
-                        let refusal = |s: u16| match r.entry {
-                            Some(_) => super::split::fails_over_on(s),
-                            None => global::REFUSALS.contains(&s),
-                        };
-                        let o = match (outcome, ctx.response.upstream_status) {
-                            (Outcome::Completed, _) => "ok",
-                            (_, Some(s)) if refusal(s) => "refused",
-                            (Outcome::Cancelled, _) => "cancelled",
-                            _ => "error",
-                        };
-                        count_remote(shared, &r, o);
-                    }
-                    continue;
-                }
-            };
-            // A prefill leg's health was counted when its prefill ended; a decode that
-            // failed because its prefill did is not to blame.
-            if dispatched.is_some() && role == LegRole::Main {
-                match outcome {
-                    Outcome::Failed if !prefill_failed => {
-                        passive(&l.instance, true, &plan.runtime, now)
-                    }
-                    Outcome::Completed => passive(&l.instance, false, &plan.runtime, now),
-                    _ => {}
-                }
-            }
-            if l.instance.role == tokengate_plugins::Role::Decode {
-                // The decode instance holds no prompt for the index and no scheduler state.
-                l.guard.finish(outcome);
-                continue;
-            }
-            let u = match (role, prefill_usage) {
-                (LegRole::Prefill, Some(p)) => Usage {
-                    prompt: p.prompt.or(u.prompt),
-                    cached: p.cached.or(u.cached),
-                    completion: u.completion,
-                },
-                _ => u,
-            };
-            let done = Completion {
-                outcome,
-                ttft_ms: match (dispatched, ctx.response.ttft) {
-                    (Some(d), Some(t)) => {
-                        let since_dispatch = d.saturating_duration_since(ctx.start);
-                        Some(t.saturating_sub(since_dispatch).as_secs_f64() * 1e3)
-                    }
-                    _ => None,
-                },
-                prompt_tokens: u.prompt,
-                cached_tokens: u.cached,
-            };
-            feedback(&l, plan, &done, now);
-            if outcome == Outcome::Completed {
-                learn(shared, &l, dispatched, plan, ctx, u, now);
-            }
-            if dispatched.is_some() {
-                // Refresh the prompt's last use (the index keeps whole ticks: a request that
-                // ended within the tick of its dispatch, when the index inserted it, has
-                // nothing to refresh).
-                use tokengate_plugins::prefix::TICK_MS;
-                if outcome == Outcome::Completed && dispatched_ms / TICK_MS != now / TICK_MS {
-                    l.service.index.touch(&plan.blocks, l.instance.key, now);
-                }
-                // The hit-rate figures of every routed request, per service.
-                let c = &l.service.counters;
-                let bt = plan.runtime.block_tokens as u64;
-                c.prefix_prompt
-                    .inc_by(u64::from(l.prefix.prompt_blocks) * bt);
-                c.prefix_ceiling.inc_by(u64::from(l.prefix.best) * bt);
-                c.prefix_predicted.inc_by(u64::from(l.prefix.matched) * bt);
-                if let (Some(prompt), Some(cached)) = (u.prompt, u.cached) {
-                    c.engine_prompt.inc_by(prompt);
-                    c.engine_cached.inc_by(cached);
-                    // The index's prediction for the same request in the engine's units.
-                    c.engine_predicted
-                        .inc_by(calibration(&l, plan, prompt, cached).expected);
-                }
-                if let Some(p) = u.prompt {
-                    c.tokens_prompt.inc_by(p);
-                }
-                if let Some(x) = u.completion {
-                    c.tokens_completion.inc_by(x);
-                    if outcome == Outcome::Completed {
-                        l.service.output.observe(x);
-                    }
-                }
-                if let Some(x) = u.cached {
-                    c.tokens_cached.inc_by(x);
-                }
-                served_service = Some(l.service.clone());
-            }
-            match (role, l.guard) {
-                // A dispatched prefill's load is released by whoever ends it (below).
-                (LegRole::Prefill, Guard::Shared(_)) => {}
-                (LegRole::Main, g) if dispatched.is_some() && lingering.is_some() => {
-                    if let Some(held) = lingering.take() {
-                        linger::release_after(
-                            held,
-                            plan.runtime.timeouts.idle,
-                            linger::step_allowance(ctx.response.max_gap),
-                            move || g.finish(outcome),
-                        );
-                    }
-                }
-                (_, g) => g.finish(outcome),
-            }
-        }
-    }
+    let served = match ctx.plan.as_ref() {
+        Some(plan) => settle_legs(shared, ctx, plan, legs, outcome, u, prefill, lingering),
+        None => Served::default(),
+    };
     if let Some(a) = pd {
         a.end(outcome);
     }
-    if let Some(s) = served_service.as_ref() {
+    let instance = served.by.as_deref().unwrap_or("-");
+    let ended = ended_as(ctx, e, status, client_left);
+    let dur = ctx.start.elapsed();
+    count(shared, ctx, &served, status, outcome, ended, dur);
+    // Nothing of the access line is formatted when its target is off: the ids neither.
+    let access = log::log_enabled!(target: "access", log::Level::Info);
+    let trace_ids = finish_trace(
+        ctx,
+        e,
+        status,
+        outcome,
+        traced,
+        served.by.as_deref(),
+        access,
+    );
+    if access {
+        access_line(session, ctx, e, status, ended, instance, dur, trace_ids);
+    }
+}
+
+/// The request in the metrics (`tokengate_requests_total`, duration, TTFT, the GenAI
+/// histograms, the split proxy's local entry), to its followers (a mirror copy), and on the
+/// status page's recent requests.
+fn count(
+    shared: &Shared,
+    ctx: &mut Ctx,
+    served: &Served,
+    status: u16,
+    outcome: Outcome,
+    ended: &str,
+    dur: std::time::Duration,
+) {
+    let m = &shared.metrics;
+    let u = ctx.response.usage;
+    let instance = served.by.as_deref().unwrap_or("-");
+    let mut model: &str = match (&ctx.plan, &ctx.refused_model) {
+        (Some(p), _) => p.dest.name(),
+        (None, Some(m)) => m,
+        (None, None) => "-",
+    };
+    if let Some(s) = served.service.as_ref() {
         model = s.name.as_str();
         // The split proxy's local entry.
         if ctx.plan.as_ref().is_some_and(|p| p.runtime.split.is_some()) {
@@ -484,14 +556,11 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
             m.split_requests.with_label_values(&["local", o]).inc();
         }
     }
-    let instance = served_by.as_deref().unwrap_or("-");
     let code = status.to_string();
-    let metric_instance = served_id.as_deref().unwrap_or(instance);
-    let ended = ended_as(ctx, e, status, client_left);
+    let metric_instance = served.id.as_deref().unwrap_or(instance);
     m.requests
         .with_label_values(&[model, metric_instance, code.as_str(), ended])
         .inc();
-    let dur = ctx.start.elapsed();
     if !ctx.followers.is_empty() {
         let ended = crate::hook::Ended {
             instance: instance.to_string(),
@@ -550,8 +619,27 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
         completion_tokens: u.completion,
         cached_tokens: u.cached,
     });
-    let trace_ids = ctx.trace.take().map(|t| {
-        let ids = t.ids();
+}
+
+/// The served leg of a traced request: the engine's model, its address, the predicted hit.
+type Traced = (String, String, u64);
+
+/// The request's trace ends: a sampled request's spans finish; the request's trace and span
+/// ids for the access line (when `access`, the line being on).
+fn finish_trace(
+    ctx: &mut Ctx,
+    e: Option<&Error>,
+    status: u16,
+    outcome: Outcome,
+    traced: Option<Traced>,
+    instance: Option<&str>,
+    access: bool,
+) -> Option<(String, String)> {
+    let t = ctx.trace.take()?;
+    let u = ctx.response.usage;
+    let ids = access.then(|| t.ids());
+    // An unsampled request has no span to finish.
+    if t.recording() {
         let error_type = if status >= 500 {
             Some(status.to_string())
         } else if outcome == Outcome::Failed {
@@ -572,51 +660,64 @@ pub fn finish(shared: &Shared, session: &Session, e: Option<&Error>, ctx: &mut C
             input_tokens: u.prompt,
             output_tokens: u.completion,
             cached_tokens: u.cached,
-            instance: served_by.as_deref(),
+            instance,
             address,
             reason: &ctx.reason,
             predicted_tokens: predicted,
             ttft: ctx.response.ttft,
         });
-        ids
-    });
-    // Nothing of the access line is formatted when its target is off.
-    if log::log_enabled!(target: "access", log::Level::Info) {
-        let req = session.req_header();
-        let mut err = match &trace_ids {
-            Some((t, s)) => format!(" trace_id={t} span_id={s}"),
-            None => String::new(),
-        };
-        match (e, ctx.local_error.as_deref()) {
-            (_, Some(m)) => err.push_str(&format!(" error={m:?}")),
-            (Some(e), None) => err.push_str(&format!(" error={:?}", e.to_string())),
-            _ => {}
-        }
-        info!(
-            target: "access",
-            "{} {} {} model={} tenant={} instance={} status={} outcome={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
-            req.method,
-            req.uri.path(),
-            if stream { "stream" } else { "unary" },
-            ctx.plan
-                .as_ref()
-                .map(|r| r.info.model.as_str())
-                .or(ctx.refused_model.as_deref())
-                .unwrap_or("-"),
-            ctx.tenant.as_ref().map_or("-", |t| t.name.as_str()),
-            instance,
-            status,
-            ended,
-            ctx.response
-                .ttft
-                .map_or("-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),
-            dur.as_secs_f64() * 1e3,
-            u.prompt.map_or("-".into(), |v| v.to_string()),
-            u.completion.map_or("-".into(), |v| v.to_string()),
-            u.cached.map_or("-".into(), |v| v.to_string()),
-            if ctx.reason.is_empty() { "-" } else { ctx.reason.as_ref() },
-            ctx.request_id,
-            err,
-        );
     }
+    ids
+}
+
+/// The access line (`access` log target, info).
+#[allow(clippy::too_many_arguments)]
+fn access_line(
+    session: &Session,
+    ctx: &Ctx,
+    e: Option<&Error>,
+    status: u16,
+    ended: &str,
+    instance: &str,
+    dur: std::time::Duration,
+    trace_ids: Option<(String, String)>,
+) {
+    let u = ctx.response.usage;
+    let stream = ctx.plan.as_ref().is_some_and(|r| r.info.stream);
+    let req = session.req_header();
+    let mut err = match &trace_ids {
+        Some((t, s)) => format!(" trace_id={t} span_id={s}"),
+        None => String::new(),
+    };
+    match (e, ctx.local_error.as_deref()) {
+        (_, Some(m)) => err.push_str(&format!(" error={m:?}")),
+        (Some(e), None) => err.push_str(&format!(" error={:?}", e.to_string())),
+        _ => {}
+    }
+    info!(
+        target: "access",
+        "{} {} {} model={} tenant={} instance={} status={} outcome={} ttft_ms={} dur_ms={:.1} prompt_tokens={} completion_tokens={} cached_tokens={} reason={} id={}{}",
+        req.method,
+        req.uri.path(),
+        if stream { "stream" } else { "unary" },
+        ctx.plan
+            .as_ref()
+            .map(|r| r.info.model.as_str())
+            .or(ctx.refused_model.as_deref())
+            .unwrap_or("-"),
+        ctx.tenant.as_ref().map_or("-", |t| t.name.as_str()),
+        instance,
+        status,
+        ended,
+        ctx.response
+            .ttft
+            .map_or("-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),
+        dur.as_secs_f64() * 1e3,
+        u.prompt.map_or("-".into(), |v| v.to_string()),
+        u.completion.map_or("-".into(), |v| v.to_string()),
+        u.cached.map_or("-".into(), |v| v.to_string()),
+        if ctx.reason.is_empty() { "-" } else { ctx.reason.as_ref() },
+        ctx.request_id,
+        err,
+    );
 }

@@ -200,7 +200,8 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
     let Some(mut peer) = peer else {
         return Err(Error::explain(ErrorType::InternalError, "no leg"));
     };
-    if let Some(t) = ctx.trace.as_mut() {
+    // An unsampled request has no attempt span: nothing of it is formatted.
+    if let Some(t) = ctx.trace.as_mut().filter(|t| t.recording()) {
         use pingora::upstreams::peer::Peer as _;
         let main = ctx.legs.iter().find(|l| l.role == LegRole::Main);
         t.attempt_start(&crate::otel::AttemptInfo {
@@ -369,9 +370,12 @@ pub fn upstream_request(up: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
         up.insert_header("x-request-id", id)?;
     }
     if let Some(t) = ctx.trace.as_ref() {
-        // The client's own trace headers are replaced by the gateway's span context.
-        up.remove_header("traceparent");
-        up.remove_header("tracestate");
+        // The client's own trace headers are replaced by the gateway's span context (an
+        // insert replaces a header of the same name; a client's tracestate goes when the
+        // gateway's context has none).
+        if up.headers.contains_key(&crate::otel::TRACESTATE) {
+            up.remove_header(&crate::otel::TRACESTATE);
+        }
         for (name, value) in t.outgoing() {
             up.insert_header(name, value)?;
         }

@@ -317,7 +317,7 @@ pub struct Ctx {
     pub tenant: Option<Arc<crate::tenants::Tenant>>,
     pub tenant_refused: Option<&'static str>,
     /// The request's spans (`tracing:` configured, [`crate::otel`]); `None`: not traced.
-    pub trace: Option<Box<crate::otel::Trace>>,
+    pub trace: Option<crate::otel::Trace>,
 }
 
 impl Ctx {
@@ -400,7 +400,7 @@ pub struct Handoff {
     /// The request's followers (told by the subrequest how it ended).
     pub followers: Vec<Box<dyn crate::hook::Follower>>,
     /// The request's spans.
-    pub trace: Option<Box<crate::otel::Trace>>,
+    pub trace: Option<crate::otel::Trace>,
 }
 
 /// A fresh request id: 32 hex digits, a random per-process prefix and a counter (unique,

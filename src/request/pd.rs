@@ -374,9 +374,7 @@ pub async fn dispatch(
     let mut headers = prefill_headers(session, ctx, plan, &prefill);
     if let Some(t) = ctx.trace.as_mut() {
         for (k, v) in t.prefill_start(&prefill.id, &prefill.addr.to_string()) {
-            if let Ok(v) = http::HeaderValue::from_str(&v) {
-                headers.insert(k, v);
-            }
+            headers.insert(k, v);
         }
     }
     let t = &plan.runtime.timeouts;

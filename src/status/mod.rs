@@ -452,6 +452,194 @@ fn cluster_view(shared: &Shared) -> Value {
     v
 }
 
+/// Routing reasons by count, the most frequent first.
+fn reasons(m: &crate::metrics::Metrics) -> Vec<Value> {
+    let mut reasons: Vec<(String, f64)> = rows(&m.decisions)
+        .into_iter()
+        .map(|(l, v)| (l.get("reason").cloned().unwrap_or_default(), v))
+        .collect();
+    reasons.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    reasons
+        .into_iter()
+        .map(|(r, v)| json!({"reason": r, "count": v}))
+        .collect()
+}
+
+/// Decision-service calls by route and outcome, with the route's mean latency.
+fn decision_calls(m: &crate::metrics::Metrics) -> Vec<Value> {
+    // Mean latency of the decision service per route (the histogram's sum / count).
+    let mut latency: BTreeMap<String, f64> = BTreeMap::new();
+    for mf in m.decision_latency.collect() {
+        for x in mf.get_metric() {
+            let h = x.get_histogram();
+            if let (Some(r), true) = (x.get_label().first(), h.sample_count() > 0) {
+                latency.insert(
+                    r.value().to_string(),
+                    h.sample_sum() * 1e3 / h.sample_count() as f64,
+                );
+            }
+        }
+    }
+    rows(&m.decision_total)
+        .into_iter()
+        .map(|(l, v)| {
+            let route = l.get("route").cloned().unwrap_or_default();
+            json!({"route": route, "outcome": l.get("outcome"), "count": v,
+                "mean_latency_ms": latency.get(&route)})
+        })
+        .collect()
+}
+
+/// Requests answered to clients (local endpoints' successes left out), client errors and
+/// server errors.
+fn request_totals(m: &crate::metrics::Metrics) -> (f64, f64, f64) {
+    let (mut requests, mut server_errors, mut client_errors) = (0.0, 0.0, 0.0);
+    for (l, v) in rows(&m.requests) {
+        let code: u16 = l.get("code").and_then(|c| c.parse().ok()).unwrap_or(0);
+        if l.get("model").is_some_and(|x| x == "-") && code < 400 {
+            continue; // local endpoints
+        }
+        requests += v;
+        match code {
+            400..=499 => client_errors += v,
+            200..=399 => {}
+            _ => server_errors += v,
+        }
+    }
+    (requests, client_errors, server_errors)
+}
+
+/// The most recent requests.
+fn recent_view(shared: &Shared) -> Vec<Value> {
+    shared
+        .status
+        .recent()
+        .into_iter()
+        .map(|s| {
+            json!({
+                "at_ms": s.at_ms,
+                "request_id": s.request_id,
+                "model": s.model,
+                "instance": s.instance,
+                "status": s.status,
+                "reason": s.reason,
+                "stream": s.stream,
+                "ttft_ms": s.ttft_ms,
+                "duration_ms": s.duration_ms,
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+                "cached_tokens": s.cached_tokens,
+            })
+        })
+        .collect()
+}
+
+/// Member gateways of other regions (global scheduling) with their answers by outcome.
+fn global_view(rt: &crate::runtime::Runtime, m: &crate::metrics::Metrics, now: u64) -> Value {
+    let global_rows = rows(&m.global_requests);
+    let members: Vec<Value> = rt
+        .members
+        .iter()
+        .map(|mb| {
+            let e = &mb.endpoint;
+            json!({
+                "name": e.name,
+                "url": format!("{}{}", e.origin(), e.base_path),
+                "available": e.available(now),
+                "outcomes": counts(
+                    &sum_by(&global_rows, "member", &e.name, "outcome"),
+                    &["ok", "refused", "error", "cancelled"],
+                ),
+            })
+        })
+        .collect();
+    json!({
+        "name": rt.hop_name.to_str().unwrap_or_default(),
+        "members": members,
+    })
+}
+
+/// Split proxy: every entry (never its key) with its attempts by outcome.
+fn split_view(
+    rt: &crate::runtime::Runtime,
+    m: &crate::metrics::Metrics,
+    now: u64,
+) -> Option<Value> {
+    let split_rows = rows(&m.split_requests);
+    rt.split.as_ref().map(|sp| {
+        let mut v = sp.view(now);
+        if let Some(list) = v.get_mut("proxies").and_then(Value::as_array_mut) {
+            for e in list {
+                let name = e["name"].as_str().unwrap_or_default().to_string();
+                e["outcomes"] = counts(
+                    &sum_by(&split_rows, "entry", &name, "outcome"),
+                    &["ok", "refused", "error", "cancelled"],
+                );
+            }
+        }
+        v
+    })
+}
+
+/// Traffic mirroring: the settings (never the token), the queue, copies by outcome and the
+/// answered copies' latency.
+fn mirror_view(rt: &crate::runtime::Runtime, m: &crate::metrics::Metrics) -> Value {
+    let mirror_rows = rows(&m.mirror_requests);
+    let mut latency = serde_json::Map::new();
+    for mf in m.mirror_latency.collect() {
+        for x in mf.get_metric() {
+            let phase = x
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "phase")
+                .map(|l| l.value().to_string())
+                .unwrap_or_default();
+            let (n, sum) = (
+                x.get_histogram().sample_count(),
+                x.get_histogram().sample_sum(),
+            );
+            latency.insert(
+                phase,
+                json!({"count": n, "mean_ms": (n > 0).then(|| sum * 1e3 / n as f64)}),
+            );
+        }
+    }
+    json!({
+        // null when no `mirror:` block is configured (the counters stay, after a reload)
+        "settings": rt.mirror.as_ref().map(|s| s.view()),
+        "queued": m.mirror_queue.get(),
+        "inflight": m.mirror_inflight.get(),
+        "outcomes": counts(
+            &sum_all_by(&mirror_rows, "outcome"),
+            &["sent", "ok", "http_error", "error", "timeout", "dropped", "expired"],
+        ),
+        "latency": latency,
+    })
+}
+
+/// Config reloads: counts, the last one, the runtime's generation.
+fn reload_view(shared: &Shared) -> Value {
+    let m = &shared.metrics;
+    json!({
+        "ok": m.reloads.with_label_values(&["ok"]).get(),
+        "errors": m.reloads.with_label_values(&["error"]).get(),
+        "last_ok": m.reload_ok.get() == 1,
+        "last": shared.status.last_reload(),
+        "generation": *shared.generation.borrow(),
+    })
+}
+
+/// Connections closed at the protocol level, by reason.
+fn protocol_errors_view(m: &crate::metrics::Metrics) -> Value {
+    let pe = |r: &str| m.protocol_errors.with_label_values(&[r]).get();
+    json!({
+        "head_timeout": pe("head_timeout"),
+        "head_too_large": pe("head_too_large"),
+        "too_many_headers": pe("too_many_headers"),
+        "bad_request": pe("bad_request"),
+    })
+}
+
 pub fn status_json(shared: &Shared) -> Value {
     let rt = shared.runtime.load();
     let m = &shared.metrics;
@@ -543,150 +731,7 @@ pub fn status_json(shared: &Shared) -> Value {
             json!({"name": r.name, "mode": r.mode_name(), "targets": targets, "sessions": sessions})
         })
         .collect();
-    let mut reasons: Vec<(String, f64)> = rows(&m.decisions)
-        .into_iter()
-        .map(|(l, v)| (l.get("reason").cloned().unwrap_or_default(), v))
-        .collect();
-    reasons.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    // Mean latency of the decision service per route (the histogram's sum / count).
-    let mut latency: BTreeMap<String, f64> = BTreeMap::new();
-    for mf in m.decision_latency.collect() {
-        for x in mf.get_metric() {
-            let h = x.get_histogram();
-            if let (Some(r), true) = (x.get_label().first(), h.sample_count() > 0) {
-                latency.insert(
-                    r.value().to_string(),
-                    h.sample_sum() * 1e3 / h.sample_count() as f64,
-                );
-            }
-        }
-    }
-    let decision_calls: Vec<Value> = rows(&m.decision_total)
-        .into_iter()
-        .map(|(l, v)| {
-            let route = l.get("route").cloned().unwrap_or_default();
-            json!({"route": route, "outcome": l.get("outcome"), "count": v,
-                "mean_latency_ms": latency.get(&route)})
-        })
-        .collect();
-    let (mut requests, mut server_errors, mut client_errors) = (0.0, 0.0, 0.0);
-    for (l, v) in rows(&m.requests) {
-        let code: u16 = l.get("code").and_then(|c| c.parse().ok()).unwrap_or(0);
-        if l.get("model").is_some_and(|x| x == "-") && code < 400 {
-            continue; // local endpoints
-        }
-        requests += v;
-        match code {
-            400..=499 => client_errors += v,
-            200..=399 => {}
-            _ => server_errors += v,
-        }
-    }
-    let recent: Vec<Value> = shared
-        .status
-        .recent()
-        .into_iter()
-        .map(|s| {
-            json!({
-                "at_ms": s.at_ms,
-                "request_id": s.request_id,
-                "model": s.model,
-                "instance": s.instance,
-                "status": s.status,
-                "reason": s.reason,
-                "stream": s.stream,
-                "ttft_ms": s.ttft_ms,
-                "duration_ms": s.duration_ms,
-                "prompt_tokens": s.prompt_tokens,
-                "completion_tokens": s.completion_tokens,
-                "cached_tokens": s.cached_tokens,
-            })
-        })
-        .collect();
-    // Member gateways of other regions (global scheduling) with their answers by outcome.
-    let global_rows = rows(&m.global_requests);
-    let members: Vec<Value> = rt
-        .members
-        .iter()
-        .map(|mb| {
-            let e = &mb.endpoint;
-            json!({
-                "name": e.name,
-                "url": format!("{}{}", e.origin(), e.base_path),
-                "available": e.available(now),
-                "outcomes": counts(
-                    &sum_by(&global_rows, "member", &e.name, "outcome"),
-                    &["ok", "refused", "error", "cancelled"],
-                ),
-            })
-        })
-        .collect();
-    let global = json!({
-        "name": rt.hop_name.to_str().unwrap_or_default(),
-        "members": members,
-    });
-    // Split proxy: every entry (never its key) with its attempts by outcome.
-    let split_rows = rows(&m.split_requests);
-    let split = rt.split.as_ref().map(|sp| {
-        let mut v = sp.view(now);
-        if let Some(list) = v.get_mut("proxies").and_then(Value::as_array_mut) {
-            for e in list {
-                let name = e["name"].as_str().unwrap_or_default().to_string();
-                e["outcomes"] = counts(
-                    &sum_by(&split_rows, "entry", &name, "outcome"),
-                    &["ok", "refused", "error", "cancelled"],
-                );
-            }
-        }
-        v
-    });
-    // Traffic mirroring: the settings (never the token), the queue, copies by outcome and
-    // the answered copies' latency.
-    let mirror_rows = rows(&m.mirror_requests);
-    let mut latency = serde_json::Map::new();
-    for mf in m.mirror_latency.collect() {
-        for x in mf.get_metric() {
-            let phase = x
-                .get_label()
-                .iter()
-                .find(|l| l.name() == "phase")
-                .map(|l| l.value().to_string())
-                .unwrap_or_default();
-            let (n, sum) = (
-                x.get_histogram().sample_count(),
-                x.get_histogram().sample_sum(),
-            );
-            latency.insert(
-                phase,
-                json!({"count": n, "mean_ms": (n > 0).then(|| sum * 1e3 / n as f64)}),
-            );
-        }
-    }
-    let mirror = json!({
-        // null when no `mirror:` block is configured (the counters stay, after a reload)
-        "settings": rt.mirror.as_ref().map(|s| s.view()),
-        "queued": m.mirror_queue.get(),
-        "inflight": m.mirror_inflight.get(),
-        "outcomes": counts(
-            &sum_all_by(&mirror_rows, "outcome"),
-            &["sent", "ok", "http_error", "error", "timeout", "dropped", "expired"],
-        ),
-        "latency": latency,
-    });
-    let reload = json!({
-        "ok": m.reloads.with_label_values(&["ok"]).get(),
-        "errors": m.reloads.with_label_values(&["error"]).get(),
-        "last_ok": m.reload_ok.get() == 1,
-        "last": shared.status.last_reload(),
-        "generation": *shared.generation.borrow(),
-    });
-    let pe = |r: &str| m.protocol_errors.with_label_values(&[r]).get();
-    let protocol_errors = json!({
-        "head_timeout": pe("head_timeout"),
-        "head_too_large": pe("head_too_large"),
-        "too_many_headers": pe("too_many_headers"),
-        "bad_request": pe("bad_request"),
-    });
+    let (requests, client_errors, server_errors) = request_totals(m);
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now,
@@ -704,11 +749,11 @@ pub fn status_json(shared: &Shared) -> Value {
         "instances": instances,
         "services": services,
         "routes": routes,
-        "reasons": reasons.into_iter().map(|(r, v)| json!({"reason": r, "count": v})).collect::<Vec<_>>(),
-        "decision_calls": decision_calls,
-        "global": global,
-        "split": split,
-        "mirror": mirror,
+        "reasons": reasons(m),
+        "decision_calls": decision_calls(m),
+        "global": global_view(&rt, m, now),
+        "split": split_view(&rt, m, now),
+        "mirror": mirror_view(&rt, m),
         // The tenants that used the most tokens (empty without `tenants:` / `api_keys`).
         "top_tenants": top_tenants(shared, &rt),
         // OpenTelemetry traces: the collector's URL (null: tracing off) and spans by outcome.
@@ -716,9 +761,9 @@ pub fn status_json(shared: &Shared) -> Value {
             "endpoint": shared.otel.load().as_ref().map(|o| o.url.clone()),
             "spans": shared.trace_spans.view(),
         },
-        "reload": reload,
-        "protocol_errors": protocol_errors,
-        "recent": recent,
+        "reload": reload_view(shared),
+        "protocol_errors": protocol_errors_view(m),
+        "recent": recent_view(shared),
         "history": shared.status.history(),
     })
 }

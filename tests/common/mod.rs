@@ -4,7 +4,12 @@
 #![allow(dead_code)]
 
 pub(crate) mod fleet;
+pub(crate) mod requests;
 pub(crate) mod tls;
+
+// In every test's `use common::*` (not every test uses them).
+#[allow(unused_imports)]
+pub(crate) use requests::{chat, words};
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
