@@ -101,20 +101,45 @@ pub struct Estimate {
     pub decode_ms: f64,
     /// The prefill rate used, tokens/s.
     pub tps: f64,
+    /// The instance's prefill utilization: the share of recent routing decisions that found
+    /// requests waiting for their first token there (0 until [`CostModel::utilization`]).
+    pub rho: f64,
 }
 
 impl Estimate {
+    /// The delay this request's own prefill adds for the requests that arrive behind it
+    /// while it runs: own × ρ / (1 − ρ) (ρ capped at [`RHO_CAP`]: an M/M/1 queue's mean
+    /// number of requests present). Near 0 on an idle instance; on a saturated one the work
+    /// a request adds delays everyone after it.
+    pub fn queue_cost_ms(&self) -> f64 {
+        let r = self.rho.clamp(0.0, RHO_CAP);
+        self.own_ms * r / (1.0 - r)
+    }
+}
+
+/// The highest utilization [`Estimate::queue_cost_ms`] counts (a saturated instance: × 19).
+pub const RHO_CAP: f64 = 0.95;
+/// Weight of one routing decision in an instance's utilization average (about the last
+/// 32 decisions of the service).
+const RHO_ALPHA: f64 = 1.0 / 32.0;
+
+impl Estimate {
     /// `est=412ms(q=300+own=100+dec=12 @9.5k/s)`
+    /// (`… busy=0.88)` when the utilization was sampled: [`Self::queue_cost_ms`].)
     pub fn describe(&self, out: &mut String) {
         let _ = write!(
             out,
-            "est={:.0}ms(q={:.0}+own={:.0}+dec={:.0} @{:.1}k/s)",
+            "est={:.0}ms(q={:.0}+own={:.0}+dec={:.0} @{:.1}k/s",
             self.ms,
             self.queue_ms,
             self.own_ms,
             self.decode_ms,
             self.tps / 1000.0
         );
+        if self.rho > 0.0 {
+            let _ = write!(out, " busy={:.2}", self.rho);
+        }
+        out.push(')');
     }
 }
 
@@ -126,6 +151,9 @@ pub struct CostModel {
     /// Mean uncached tokens per request (EWMA over every observation), ×1000 fixed point:
     /// the size of a request queued in an engine by someone else.
     mean_uncached_milli: AtomicU64,
+    /// Per instance: the share of recent decisions that found it with requests waiting for
+    /// their first token ([`Self::utilization`]).
+    busy: parking_lot::Mutex<HashMap<InstanceKey, f64>>,
 }
 
 impl CostModel {
@@ -251,7 +279,27 @@ impl CostModel {
                 own_ms,
                 decode_ms: step,
                 tps,
+                rho: 0.0,
             };
+        }
+    }
+
+    /// Samples each candidate's prefill busy state (requests waiting for their first token,
+    /// ours or, with engine metrics, anyone's) into its utilization average and writes it to
+    /// `out[i].rho`. Call once per routing decision, after [`Self::estimate_all`]: arrivals
+    /// see time averages, so the share of decisions that find an instance busy estimates its
+    /// prefill utilization.
+    pub fn utilization(&self, cands: &[Candidate], out: &mut [Estimate]) {
+        let mut busy = self.busy.lock();
+        for (e, c) in out.iter_mut().zip(cands) {
+            let x = if c.waiting > 0 || c.engine.is_some_and(|el| el.waiting > 0) {
+                1.0
+            } else {
+                0.0
+            };
+            let r = busy.entry(c.key).or_insert(0.0);
+            *r += RHO_ALPHA * (x - *r);
+            e.rho = *r;
         }
     }
 

@@ -14,7 +14,7 @@ pub const COST_WAITING_CAP: u64 = 16;
 /// `m` blocks of the prompt is kept while waiting there costs no more than moving, i.e. while
 ///
 /// ```text
-///   est(h)  <=  min over j of  est(j) + placement × copy(j)
+///   est(h) + q(h)  <=  min over j of  est(j) + q(j) + placement × copy(j)
 /// ```
 ///
 /// (`j` ranges over those holding less for the prefix layer, over every other candidate for
@@ -24,6 +24,14 @@ pub const COST_WAITING_CAP: u64 = 16;
 ///   request (ours and, with engine metrics, others') at the instance's learned rate, plus
 ///   its own uncached part there, plus a decode step. On the holder the own part is small;
 ///   on `j` it is the recomputation of whatever `j` lacks.
+/// * `q` — the queueing term ([`Estimate::queue_cost_ms`]): the request's own prefill × ρ /
+///   (1 − ρ), ρ the instance's utilization (the share of recent decisions that found
+///   requests waiting for their first token there). What the work a request adds costs
+///   those arriving behind it: ~0 on an idle or lightly used instance, up to 19 × its own
+///   prefill on a saturated one. So a saturated holder sheds work to an idle engine (one
+///   that joined or came back) before its queue has grown to a whole recomputation, while
+///   in a fleet where every engine is saturated a recomputation anywhere costs 19 times
+///   over and prompts stay with their holders.
 /// * `copy(j)` — the placement term: the tokens the holder has and `j` would have to write,
 ///   at `j`'s rate. A copy elsewhere evicts as much of what `j` caches (someone else's prefix,
 ///   which its next turns recompute), so the move is charged for it once more, × `placement`.
@@ -115,12 +123,13 @@ pub fn adaptive_verdict(
         } else {
             a.placement.max(0.0) * f64::from(m.saturating_sub(mj)) * bt * 1000.0 / e.tps.max(1.0)
         };
-        if to.is_none_or(|(_, est, cp)| e.ms + copy < est + cp) {
-            to = Some((j, e.ms, copy));
+        let ms = e.ms + e.queue_cost_ms();
+        if to.is_none_or(|(_, est, cp)| ms + copy < est + cp) {
+            to = Some((j, ms, copy));
         }
     }
     Verdict {
-        stay_ms: est.get(i).map_or(0.0, |e| e.ms),
+        stay_ms: est.get(i).map_or(0.0, |e| e.ms + e.queue_cost_ms()),
         to,
     }
 }

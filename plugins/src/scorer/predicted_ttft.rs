@@ -209,6 +209,9 @@ impl Scorer for PredictedTtftScorer {
             .map(|(e, _)| e.ms)
             .fold(f64::INFINITY, f64::min);
         let limit = self.limit(best);
+        if self.stay_or_move.is_some() {
+            self.model.utilization(cands, &mut est);
+        }
         let stays = |i: usize| {
             let Some(a) = &self.stay_or_move else {
                 return false;
