@@ -901,12 +901,27 @@ fn tracing_config_is_checked_and_printed_without_its_header_values() {
         "{base}tracing:\n  otlp: {{endpoint: \"localhost:4318\", protocol: grpc}}\n  sample_ratio: 1.5\n"
     ));
     assert!(!ok);
-    assert!(err.contains("tracing.otlp.endpoint"), "{err}");
     assert!(
-        err.contains("tracing.otlp.protocol: grpc is not supported"),
+        err.contains("tracing.otlp.endpoint: \"localhost:4318\" is not an http:// or https:// URL (e.g. http://otel-collector:4317)"),
         "{err}"
     );
+    assert!(!err.contains("tracing.otlp.protocol"), "{err}");
     assert!(err.contains("tracing.sample_ratio: 1.5"), "{err}");
+    // gRPC takes the collector's address: an OTLP/HTTP traces URL is refused, saying why.
+    let (ok, err) = check_yaml(&format!(
+        "{base}tracing:\n  otlp: {{endpoint: \"http://collector:4318/v1/traces\", protocol: grpc}}\n"
+    ));
+    assert!(!ok);
+    assert!(
+        err.contains("tracing.otlp.endpoint: \"http://collector:4318/v1/traces\" has a path (/v1/traces); OTLP/gRPC takes the collector's address only"),
+        "{err}"
+    );
+    for endpoint in ["http://collector:4317", "https://collector.example:443/"] {
+        let (ok, err) = check_yaml(&format!(
+            "{base}tracing:\n  otlp: {{endpoint: \"{endpoint}\", protocol: grpc, headers: {{x-key: v}}, timeout: 3s}}\n"
+        ));
+        assert!(ok, "{endpoint}: {err}");
+    }
     // Printed: every key, the header's value masked; the output is itself valid.
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("c.yaml");
