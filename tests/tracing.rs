@@ -535,6 +535,67 @@ async fn a_reload_applies_changed_tracing_settings() {
     assert_eq!(second.spans().len(), 2, "only the sampled request's spans");
 }
 
+/// A reload that changes `protocol` moves the spans from the OTLP/HTTP collector to the
+/// gRPC one (the new sender's channel is built on the running gateway's runtime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_switches_the_transport_from_http_to_grpc() {
+    let http_col = Collector::start().await;
+    let grpc_col = Collector::start_grpc().await;
+    let engine = Mock::recording().await;
+    let services = format!("services:\n{}", service("m", &[("e1", engine.addr)]));
+    let gw = GatewayProc::start(&format!("{}{services}", tracing_block(http_col.addr, 1.0)));
+    let trace_of_last = || {
+        let tp = engine
+            .seen()
+            .last()
+            .unwrap()
+            .header("traceparent")
+            .unwrap()
+            .to_string();
+        tp.split('-').nth(1).unwrap().to_string()
+    };
+    stream_chat(&gw, None).await.bytes().await.unwrap();
+    http_col.wait_trace(&trace_of_last(), 2).await;
+
+    let cfg = gw.config_path();
+    let header = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .split("tracing:")
+        .next()
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        &cfg,
+        format!(
+            "{header}{}{services}",
+            grpc_tracing_block(grpc_col.addr, "2s")
+        ),
+    )
+    .unwrap();
+    eventually("the reload applied", || async {
+        metric(
+            &gw.metrics().await,
+            "tokengate_config_reloads_total{result=\"ok\"}",
+        ) == Some(1.0)
+    })
+    .await;
+    stream_chat(&gw, None).await.bytes().await.unwrap();
+    let spans = grpc_col.wait_trace(&trace_of_last(), 2).await;
+    assert!(spans.iter().any(|s| s.kind == SERVER && s.name == "chat m"));
+    assert_eq!(http_col.spans().len(), 2, "only the first request's spans");
+    let status: serde_json::Value = reqwest::get(gw.admin_url("/admin/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        status["tracing"]["protocol"], "grpc",
+        "{}",
+        status["tracing"]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_above_the_retry_buffer_is_traced_like_any_other() {
     // Bodies above 64 KiB are proxied by a subrequest: the trace goes with the plan.
