@@ -151,7 +151,10 @@ impl Exporter {
                 metadata,
                 resource,
             } => {
-                let mut e = opentelemetry_otlp::SpanExporter::builder()
+                let https = endpoint
+                    .parse::<http::Uri>()
+                    .is_ok_and(|u| u.scheme() == Some(&http::uri::Scheme::HTTPS));
+                let mut b = opentelemetry_otlp::SpanExporter::builder()
                     .with_tonic()
                     .with_endpoint(endpoint)
                     .with_protocol(opentelemetry_otlp::Protocol::Grpc)
@@ -160,7 +163,16 @@ impl Exporter {
                         opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(
                             metadata,
                         ),
-                    )
+                    );
+                if https {
+                    // The exporter's channel speaks TLS only when told (an https:// URI
+                    // alone is refused: "Connecting to HTTPS without TLS enabled").
+                    b = b.with_tls_config(
+                        opentelemetry_otlp::tonic_types::transport::ClientTlsConfig::new()
+                            .with_enabled_roots(),
+                    );
+                }
+                let mut e = b
                     .build()
                     .map_err(|e| format!("tracing.otlp.endpoint: {e}"))?;
                 e.set_resource(&resource);

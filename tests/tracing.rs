@@ -1000,6 +1000,48 @@ async fn over_grpc_a_dead_or_silent_collector_changes_nothing_for_clients() {
     }
 }
 
+/// An `https://` gRPC endpoint is spoken to in TLS, trusting the webpki roots: a collector
+/// whose certificate a private CA signed is refused (its spans counted as dropped), the
+/// log line saying why; the client's request is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_grpc_an_https_endpoint_is_tls_with_the_webpki_roots() {
+    let col = Collector::start_grpc().await;
+    let pki = common::tls::TestPki::new();
+    let front = common::tls::tls_front(&pki, col.addr).await;
+    let engine = Mock::start().await;
+    let gw = GatewayProc::start_with_env(
+        &format!(
+            "tracing:\n  otlp: {{protocol: grpc, endpoint: \"https://localhost:{}\", timeout: 2s}}\nservices:\n{}",
+            front.port(),
+            service("m", &[("e1", engine.addr)])
+        ),
+        &[("RUST_LOG", "info,tokengate::otel=debug")],
+    );
+    let body = stream_chat(&gw, None).await.text().await.unwrap();
+    assert!(body.contains("[DONE]"), "{body}");
+    eventually("the spans counted as dropped", || async {
+        let m = gw.metrics().await;
+        metric(
+            &m,
+            "tokengate_trace_spans_total{outcome=\"dropped_export_failed\"}",
+        ) == Some(2.0)
+    })
+    .await;
+    eventually("the failed export logged", || {
+        let log = gw.log_text();
+        async move { log.contains("spans not exported to") }
+    })
+    .await;
+    let log = gw.log_text();
+    let failed = log
+        .lines()
+        .find(|l| l.contains("spans not exported to"))
+        .unwrap()
+        .to_string();
+    assert!(failed.contains("UnknownIssuer"), "{failed}");
+    assert!(col.spans().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_service_call_is_a_child_span_of_the_request() {
     let col = Collector::start().await;
