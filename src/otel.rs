@@ -1,5 +1,5 @@
 //! OpenTelemetry traces (`tracing:` in the config): one server span per request, a client
-//! span per upstream attempt, exported over OTLP/HTTP in the background.
+//! span per upstream attempt, exported over OTLP (HTTP/protobuf or gRPC) in the background.
 //!
 //! * **Off** (no `tracing:`): [`crate::shared::Shared::otel`] holds `None`, a request's
 //!   [`crate::request::Ctx::trace`] stays `None`; no span object is ever created.
@@ -23,9 +23,12 @@
 //! * **Export**: the SDK hands each ended, sampled span to [`QueueProcessor`], which only
 //!   `try_send`s it into a bounded queue ([`QUEUE_CAPACITY`]); a full queue drops the span
 //!   (counted). [`Otel::run`] (a background task) batches the queue (up to [`MAX_BATCH`]
-//!   spans or every [`FLUSH_EVERY`]) and posts each batch with the OTLP exporter, bounded
+//!   spans or every [`FLUSH_EVERY`]) and sends each batch with the OTLP exporter, bounded
 //!   by `tracing.otlp.timeout`; a failed export drops its batch (counted). Nothing on the
-//!   request path waits for the collector.
+//!   request path waits for the collector. `protocol: http` posts protobuf bodies with
+//!   reqwest; `protocol: grpc` calls the collector's `TraceService/Export` over a tonic
+//!   channel (HTTP/2, the headers as gRPC metadata), connected lazily by the sender (a
+//!   tonic channel needs the runtime it runs on, so it is built in [`Otel::run`]).
 //!
 //! * **Reload**: a reload whose `tracing:` differs builds a new tracer and sender
 //!   ([`crate::shared::Shared::set_tracing`]); requests admitted from then on use it (new
@@ -34,6 +37,7 @@
 //!
 //! Metrics: `tokengate_trace_spans_total{outcome="exported"|"dropped_queue_full"|"dropped_export_failed"}`.
 
+use crate::config::OtlpProtocol;
 use crate::config::TracingSettings;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{
@@ -41,7 +45,7 @@ use opentelemetry::trace::{
     TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
@@ -126,7 +130,61 @@ impl SpanProcessor for QueueProcessor {
 /// What the background sender needs (taken once by [`Otel::run`]).
 struct Sender {
     rx: mpsc::Receiver<SpanData>,
-    exporter: opentelemetry_otlp::SpanExporter,
+    exporter: Exporter,
+}
+
+/// The OTLP exporter, or what builds it on the sender's runtime (gRPC).
+enum Exporter {
+    Ready(opentelemetry_otlp::SpanExporter),
+    Grpc {
+        endpoint: String,
+        timeout: Duration,
+        metadata: http::HeaderMap,
+        resource: Resource,
+    },
+}
+
+impl Exporter {
+    /// The exporter; a gRPC one gets its (lazily connecting) channel here, which needs
+    /// a tokio runtime.
+    fn build(self) -> Result<opentelemetry_otlp::SpanExporter, String> {
+        match self {
+            Exporter::Ready(e) => Ok(e),
+            Exporter::Grpc {
+                endpoint,
+                timeout,
+                metadata,
+                resource,
+            } => {
+                let https = endpoint
+                    .parse::<http::Uri>()
+                    .is_ok_and(|u| u.scheme() == Some(&http::uri::Scheme::HTTPS));
+                let mut b = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(endpoint)
+                    .with_protocol(opentelemetry_otlp::Protocol::Grpc)
+                    .with_timeout(timeout)
+                    .with_metadata(
+                        opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(
+                            metadata,
+                        ),
+                    );
+                if https {
+                    // The exporter's channel speaks TLS only when told (an https:// URI
+                    // alone is refused: "Connecting to HTTPS without TLS enabled").
+                    b = b.with_tls_config(
+                        opentelemetry_otlp::tonic_types::transport::ClientTlsConfig::new()
+                            .with_enabled_roots(),
+                    );
+                }
+                let mut e = b
+                    .build()
+                    .map_err(|e| format!("tracing.otlp.endpoint: {e}"))?;
+                e.set_resource(&resource);
+                Ok(e)
+            }
+        }
+    }
 }
 
 /// The tracer of a process with `tracing:` configured.
@@ -140,6 +198,10 @@ pub struct Otel {
     counters: SpanCounters,
     /// Where the spans go (for the start-up log line).
     pub url: String,
+    /// `http` or `grpc`.
+    pub protocol: &'static str,
+    /// `tracing.otlp.timeout`: an export that takes longer fails (its spans counted).
+    timeout: Duration,
     /// The settings it was built from ([`settings_key`]): a reload that changes them warns.
     pub settings_key: String,
 }
@@ -153,25 +215,54 @@ impl Otel {
     /// The tracer of validated settings, counting its spans in `counters`.
     pub fn new(s: &TracingSettings, counters: SpanCounters) -> Result<Otel, String> {
         let url = s.traces_url();
-        let client = reqwest::Client::builder()
-            .timeout(s.otlp.timeout)
-            .connect_timeout(s.otlp.timeout)
-            .build()
-            .map_err(|e| format!("tracing.otlp: {e}"))?;
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_http_client(client)
-            .with_endpoint(url.clone())
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_timeout(s.otlp.timeout)
-            .with_headers(s.otlp.headers.clone().into_iter().collect())
-            .build()
-            .map_err(|e| format!("tracing.otlp.endpoint: {e}"))?;
         let resource = Resource::builder_empty()
             .with_service_name(s.service_name.clone())
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
             .build();
-        exporter.set_resource(&resource);
+        let exporter = match s.otlp.protocol {
+            OtlpProtocol::Http => {
+                let client = reqwest::Client::builder()
+                    .timeout(s.otlp.timeout)
+                    .connect_timeout(s.otlp.timeout)
+                    .build()
+                    .map_err(|e| format!("tracing.otlp: {e}"))?;
+                let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_http_client(client)
+                    .with_endpoint(url.clone())
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_timeout(s.otlp.timeout)
+                    .with_headers(s.otlp.headers.clone().into_iter().collect())
+                    .build()
+                    .map_err(|e| format!("tracing.otlp.endpoint: {e}"))?;
+                exporter.set_resource(&resource);
+                Exporter::Ready(exporter)
+            }
+            OtlpProtocol::Grpc => {
+                let uri = url
+                    .parse::<http::Uri>()
+                    .map_err(|e| format!("tracing.otlp.endpoint: {url:?}: {e}"))?;
+                if uri.host().is_none() {
+                    return Err(format!("tracing.otlp.endpoint: {url:?} names no host"));
+                }
+                let mut metadata = http::HeaderMap::new();
+                for (k, v) in &s.otlp.headers {
+                    let name = http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
+                        format!("tracing.otlp.headers.{k}: not a valid header name")
+                    })?;
+                    let value = http::HeaderValue::from_str(v).map_err(|_| {
+                        format!("tracing.otlp.headers.{k}: the value is not a valid header value")
+                    })?;
+                    metadata.append(name, value);
+                }
+                Exporter::Grpc {
+                    endpoint: url.clone(),
+                    timeout: s.otlp.timeout,
+                    metadata,
+                    resource: resource.clone(),
+                }
+            }
+        };
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let provider = SdkTracerProvider::builder()
             .with_span_processor(QueueProcessor {
@@ -191,6 +282,11 @@ impl Otel {
             closing: tokio::sync::Notify::new(),
             counters,
             url,
+            protocol: match s.otlp.protocol {
+                OtlpProtocol::Http => "http",
+                OtlpProtocol::Grpc => "grpc",
+            },
+            timeout: s.otlp.timeout,
             settings_key: settings_key(s),
         })
     }
@@ -200,6 +296,14 @@ impl Otel {
     pub async fn run(self: std::sync::Arc<Self>) {
         let Some(Sender { mut rx, exporter }) = self.sender.lock().take() else {
             return;
+        };
+        // Built on this runtime (gRPC); should that fail, every batch fails (counted).
+        let exporter = match exporter.build() {
+            Ok(e) => Some(e),
+            Err(e) => {
+                log::error!("tracing: no exporter to {}: {e}", self.url);
+                None
+            }
         };
         let mut batch = Vec::with_capacity(MAX_BATCH);
         let mut closing = false;
@@ -235,15 +339,28 @@ impl Otel {
                 }
             }
             let n = batch.len() as u64;
-            match exporter.export(std::mem::take(&mut batch)).await {
+            let spans = std::mem::take(&mut batch);
+            // The exporters bound an export by the timeout themselves (reqwest's, tonic's
+            // `grpc-timeout` and channel timeout); this bounds it whatever they do.
+            let result = match &exporter {
+                Some(x) => match tokio::time::timeout(self.timeout, x.export(spans)).await {
+                    Ok(r) => r.map_err(|e| match e {
+                        OTelSdkError::InternalFailure(m) => m,
+                        other => other.to_string(),
+                    }),
+                    Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+                },
+                None => Err("no exporter".to_string()),
+            };
+            match result {
                 Ok(()) => self.counters.exported.inc_by(n),
                 Err(e) => {
                     self.counters.export_failed.inc_by(n);
-                    let e = match e {
-                        OTelSdkError::InternalFailure(m) => m,
-                        other => other.to_string(),
-                    };
-                    log::debug!("tracing: {n} spans not exported to {}: {e}", self.url);
+                    log::debug!(
+                        "tracing: {n} spans not exported to {} ({}): {e}",
+                        self.url,
+                        self.protocol
+                    );
                 }
             }
         }

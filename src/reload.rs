@@ -213,7 +213,10 @@ impl Reloader {
                 }
                 match self.shared.set_tracing(cfg.tracing.as_ref()) {
                     Ok(true) => match self.shared.otel.load().as_ref() {
-                        Some(o) => info!("config reload: tracing: spans exported to {}", o.url),
+                        Some(o) => info!(
+                            "config reload: tracing: spans exported to {} (OTLP/{})",
+                            o.url, o.protocol
+                        ),
                         None => info!("config reload: tracing off"),
                     },
                     Ok(false) => {}

@@ -350,7 +350,7 @@ impl BackgroundService for Acceptor {
             )));
         }
         if let Some(o) = self.shared.otel.load_full() {
-            info!("tracing: spans exported to {}", o.url);
+            info!("tracing: spans exported to {} (OTLP/{})", o.url, o.protocol);
             tasks.push(tokio::spawn(o.run()));
         }
         while !*shutdown.borrow() {

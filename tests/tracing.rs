@@ -1,15 +1,21 @@
 //! OpenTelemetry traces through the real binary, exported to a test OTLP/HTTP receiver that
-//! decodes `ExportTraceServiceRequest` with the official protobuf definitions: one server
+//! decodes `ExportTraceServiceRequest` with the official protobuf definitions (or, with
+//! `protocol: grpc`, a tonic server of their generated `TraceService`): one server
 //! span per request with the GenAI attributes and the engine's token counts, a client span
 //! per upstream attempt (two when the first instance refuses the connection), the client's
 //! `traceparent` continued, the engine's `traceparent` parented on the gateway's attempt
 //! span, sampling at 0 exporting nothing, and a dead collector changing nothing for clients
-//! (its spans counted as dropped).
+//! (its spans counted as dropped), over either transport.
 
 mod common;
 
 use common::*;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -88,22 +94,7 @@ impl Collector {
                         let body: Vec<u8> = buf.drain(..head_len + len).skip(head_len).collect();
                         let req = ExportTraceServiceRequest::decode(body.as_slice())
                             .expect("an ExportTraceServiceRequest");
-                        {
-                            let mut g = got.lock().unwrap();
-                            g.requests.push((path, headers));
-                            for rs in req.resource_spans {
-                                let service = rs
-                                    .resource
-                                    .as_ref()
-                                    .and_then(|r| str_attr(&r.attributes, "service.name"))
-                                    .unwrap_or_default();
-                                for ss in rs.scope_spans {
-                                    for sp in ss.spans {
-                                        g.spans.push((service.clone(), sp));
-                                    }
-                                }
-                            }
-                        }
+                        record(&got, path, headers, req);
                         let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
                         if s.write_all(ok).await.is_err() {
                             return;
@@ -112,6 +103,22 @@ impl Collector {
                 });
             }
         });
+        c
+    }
+
+    /// A test OTLP/gRPC collector on 127.0.0.1:0: tonic's server with the official
+    /// `TraceService` (a call reaches [`GrpcReceiver::export`] only on its method's path).
+    async fn start_grpc() -> Collector {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = Collector {
+            addr: l.local_addr().unwrap(),
+            got: Arc::default(),
+        };
+        let svc = TraceServiceServer::new(GrpcReceiver { got: c.got.clone() });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .serve_with_incoming(svc, tonic::transport::server::TcpIncoming::from(l)),
+        );
         c
     }
 
@@ -134,6 +141,64 @@ impl Collector {
         })
         .await;
         out
+    }
+}
+
+/// One export request: its path and headers, its spans with their `service.name`.
+fn record(
+    got: &Mutex<Received>,
+    path: String,
+    headers: Vec<(String, String)>,
+    req: ExportTraceServiceRequest,
+) {
+    let mut g = got.lock().unwrap();
+    g.requests.push((path, headers));
+    for rs in req.resource_spans {
+        let service = rs
+            .resource
+            .as_ref()
+            .and_then(|r| str_attr(&r.attributes, "service.name"))
+            .unwrap_or_default();
+        for ss in rs.scope_spans {
+            for sp in ss.spans {
+                g.spans.push((service.clone(), sp));
+            }
+        }
+    }
+}
+
+/// The gRPC collector's `TraceService`: records each export with its metadata.
+struct GrpcReceiver {
+    got: Arc<Mutex<Received>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for GrpcReceiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let headers = request
+            .metadata()
+            .clone()
+            .into_headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).to_string(),
+                )
+            })
+            .collect();
+        record(
+            &self.got,
+            "TraceService/Export".to_string(),
+            headers,
+            request.into_inner(),
+        );
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
     }
 }
 
@@ -178,6 +243,13 @@ const CLIENT: i32 = 3;
 fn tracing_block(collector: SocketAddr, ratio: f64) -> String {
     format!(
         "tracing:\n  otlp:\n    endpoint: http://{collector}\n    headers: {{x-collector-key: k-123}}\n    timeout: 2s\n  sample_ratio: {ratio}\n  service_name: gw-test\n"
+    )
+}
+
+/// `tracing_block` over OTLP/gRPC, with `timeout`.
+fn grpc_tracing_block(collector: SocketAddr, timeout: &str) -> String {
+    format!(
+        "tracing:\n  otlp:\n    protocol: grpc\n    endpoint: http://{collector}\n    headers: {{x-collector-key: k-123}}\n    timeout: {timeout}\n  sample_ratio: 1.0\n  service_name: gw-test\n"
     )
 }
 
@@ -463,6 +535,67 @@ async fn a_reload_applies_changed_tracing_settings() {
     assert_eq!(second.spans().len(), 2, "only the sampled request's spans");
 }
 
+/// A reload that changes `protocol` moves the spans from the OTLP/HTTP collector to the
+/// gRPC one (the new sender's channel is built on the running gateway's runtime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_switches_the_transport_from_http_to_grpc() {
+    let http_col = Collector::start().await;
+    let grpc_col = Collector::start_grpc().await;
+    let engine = Mock::recording().await;
+    let services = format!("services:\n{}", service("m", &[("e1", engine.addr)]));
+    let gw = GatewayProc::start(&format!("{}{services}", tracing_block(http_col.addr, 1.0)));
+    let trace_of_last = || {
+        let tp = engine
+            .seen()
+            .last()
+            .unwrap()
+            .header("traceparent")
+            .unwrap()
+            .to_string();
+        tp.split('-').nth(1).unwrap().to_string()
+    };
+    stream_chat(&gw, None).await.bytes().await.unwrap();
+    http_col.wait_trace(&trace_of_last(), 2).await;
+
+    let cfg = gw.config_path();
+    let header = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .split("tracing:")
+        .next()
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        &cfg,
+        format!(
+            "{header}{}{services}",
+            grpc_tracing_block(grpc_col.addr, "2s")
+        ),
+    )
+    .unwrap();
+    eventually("the reload applied", || async {
+        metric(
+            &gw.metrics().await,
+            "tokengate_config_reloads_total{result=\"ok\"}",
+        ) == Some(1.0)
+    })
+    .await;
+    stream_chat(&gw, None).await.bytes().await.unwrap();
+    let spans = grpc_col.wait_trace(&trace_of_last(), 2).await;
+    assert!(spans.iter().any(|s| s.kind == SERVER && s.name == "chat m"));
+    assert_eq!(http_col.spans().len(), 2, "only the first request's spans");
+    let status: serde_json::Value = reqwest::get(gw.admin_url("/admin/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        status["tracing"]["protocol"], "grpc",
+        "{}",
+        status["tracing"]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_above_the_retry_buffer_is_traced_like_any_other() {
     // Bodies above 64 KiB are proxied by a subrequest: the trace goes with the plan.
@@ -736,6 +869,207 @@ async fn a_dead_collector_changes_nothing_for_clients_and_drops_are_counted() {
     assert_eq!(requests(&m, 200), f64::from(n));
 }
 
+/// `protocol: grpc`: the same spans reach a gRPC collector's `TraceService/Export`, the
+/// configured headers as gRPC metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_grpc_a_streamed_chat_reaches_the_collector_with_its_headers_as_metadata() {
+    let col = Collector::start_grpc().await;
+    let engine = Mock::recording().await;
+    let gw = GatewayProc::start(&format!(
+        "{}services:\n{}",
+        grpc_tracing_block(col.addr, "2s"),
+        service("m", &[("e1", engine.addr)])
+    ));
+    stream_chat(&gw, None).await.bytes().await.unwrap();
+    let seen = engine.seen();
+    assert_eq!(seen.len(), 1);
+    let tp = seen[0]
+        .header("traceparent")
+        .expect("the engine got a traceparent");
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!(parts.len(), 4, "{tp}");
+    let spans = col.wait_trace(parts[1], 2).await;
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SERVER)
+        .expect("a server span");
+    let attempt = spans
+        .iter()
+        .find(|s| s.kind == CLIENT)
+        .expect("an attempt span");
+    assert_eq!(server.name, "chat m");
+    let a = &server.attributes;
+    assert_eq!(
+        str_attr(a, "gen_ai.operation.name").as_deref(),
+        Some("chat")
+    );
+    assert_eq!(
+        str_attr(a, "gen_ai.provider.name").as_deref(),
+        Some("openai")
+    );
+    assert_eq!(str_attr(a, "gen_ai.request.model").as_deref(), Some("m"));
+    assert_eq!(str_attr(a, "gen_ai.response.model").as_deref(), Some("m"));
+    assert_eq!(int_attr(a, "gen_ai.usage.input_tokens"), Some(7));
+    assert_eq!(int_attr(a, "gen_ai.usage.output_tokens"), Some(5));
+    assert_eq!(int_attr(a, "gen_ai.usage.cache_read.input_tokens"), Some(4));
+    assert_eq!(int_attr(a, "http.response.status_code"), Some(200));
+    assert!(
+        server.events.iter().any(|e| e.name == "gen_ai.first_token"),
+        "{:?}",
+        server.events
+    );
+    assert_eq!(attempt.parent_span_id, server.span_id);
+    assert_eq!(parts[2], hex(&attempt.span_id));
+    {
+        let g = col.got.lock().unwrap();
+        assert!(g.spans.iter().all(|(svc, _)| svc == "gw-test"));
+        let (_, metadata) = &g.requests[0];
+        assert!(
+            metadata
+                .iter()
+                .any(|(k, v)| k == "x-collector-key" && v == "k-123"),
+            "{metadata:?}"
+        );
+        assert!(
+            metadata
+                .iter()
+                .any(|(k, v)| k == "content-type" && v == "application/grpc"),
+            "{metadata:?}"
+        );
+    }
+    eventually("the exported spans counted", || async {
+        let m = gw.metrics().await;
+        metric(&m, "tokengate_trace_spans_total{outcome=\"exported\"}") == Some(2.0)
+    })
+    .await;
+    let status: serde_json::Value = reqwest::get(gw.admin_url("/admin/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let t = &status["tracing"];
+    assert_eq!(t["protocol"], "grpc", "{t}");
+    assert_eq!(t["endpoint"], format!("http://{}", col.addr), "{t}");
+}
+
+/// A gRPC collector that refuses connections, and one that accepts them and never answers
+/// (the export bounded by `timeout`): clients see nothing of it, every span is counted as
+/// dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_grpc_a_dead_or_silent_collector_changes_nothing_for_clients() {
+    // Accepts, reads and discards, never answers: no HTTP/2 settings, no response.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = silent.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    for (collector, timeout) in [(dead_addr(), "2s"), (silent_addr, "300ms")] {
+        let engine = Mock::start().await;
+        let gw = GatewayProc::start_with_env(
+            &format!(
+                "{}services:\n{}",
+                grpc_tracing_block(collector, timeout),
+                service("m", &[("e1", engine.addr)])
+            ),
+            &[("RUST_LOG", "info,tokengate::otel=debug")],
+        );
+        let n = 10;
+        for _ in 0..n {
+            let r = stream_chat(&gw, None).await;
+            let body = r.text().await.unwrap();
+            assert!(body.contains("[DONE]"), "{body}");
+        }
+        eventually(
+            &format!("every span to {collector} counted as dropped"),
+            || async {
+                let m = gw.metrics().await;
+                metric(
+                    &m,
+                    "tokengate_trace_spans_total{outcome=\"dropped_export_failed\"}",
+                ) == Some(f64::from(2 * n))
+            },
+        )
+        .await;
+        let m = gw.metrics().await;
+        assert_eq!(
+            metric(&m, "tokengate_trace_spans_total{outcome=\"exported\"}"),
+            Some(0.0)
+        );
+        assert_eq!(requests(&m, 200), f64::from(n));
+        // Why each export failed: the silent one ended by `timeout`.
+        eventually("the failed export logged", || {
+            let log = gw.log_text();
+            async move { log.contains("spans not exported to") }
+        })
+        .await;
+        let log = gw.log_text();
+        let failed = log
+            .lines()
+            .find(|l| l.contains("spans not exported to"))
+            .unwrap_or_else(|| panic!("{log}"))
+            .to_string();
+        assert!(failed.contains("(grpc)"), "{failed}");
+        if collector == silent_addr {
+            // Ours ("no answer within") or tonic's channel timeout, whichever fires first.
+            assert!(
+                failed.contains("no answer within 300ms") || failed.contains("imeout"),
+                "{failed}"
+            );
+        } else {
+            assert!(failed.contains("Connection refused"), "{failed}");
+        }
+    }
+}
+
+/// An `https://` gRPC endpoint is spoken to in TLS, trusting the webpki roots: a collector
+/// whose certificate a private CA signed is refused (its spans counted as dropped), the
+/// log line saying why; the client's request is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_grpc_an_https_endpoint_is_tls_with_the_webpki_roots() {
+    let col = Collector::start_grpc().await;
+    let pki = common::tls::TestPki::new();
+    let front = common::tls::tls_front(&pki, col.addr).await;
+    let engine = Mock::start().await;
+    let gw = GatewayProc::start_with_env(
+        &format!(
+            "tracing:\n  otlp: {{protocol: grpc, endpoint: \"https://localhost:{}\", timeout: 2s}}\nservices:\n{}",
+            front.port(),
+            service("m", &[("e1", engine.addr)])
+        ),
+        &[("RUST_LOG", "info,tokengate::otel=debug")],
+    );
+    let body = stream_chat(&gw, None).await.text().await.unwrap();
+    assert!(body.contains("[DONE]"), "{body}");
+    eventually("the spans counted as dropped", || async {
+        let m = gw.metrics().await;
+        metric(
+            &m,
+            "tokengate_trace_spans_total{outcome=\"dropped_export_failed\"}",
+        ) == Some(2.0)
+    })
+    .await;
+    eventually("the failed export logged", || {
+        let log = gw.log_text();
+        async move { log.contains("spans not exported to") }
+    })
+    .await;
+    let log = gw.log_text();
+    let failed = log
+        .lines()
+        .find(|l| l.contains("spans not exported to"))
+        .unwrap()
+        .to_string();
+    assert!(failed.contains("UnknownIssuer"), "{failed}");
+    assert!(col.spans().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_service_call_is_a_child_span_of_the_request() {
     let col = Collector::start().await;
@@ -929,12 +1263,27 @@ fn tracing_config_is_checked_and_printed_without_its_header_values() {
         "{base}tracing:\n  otlp: {{endpoint: \"localhost:4318\", protocol: grpc}}\n  sample_ratio: 1.5\n"
     ));
     assert!(!ok);
-    assert!(err.contains("tracing.otlp.endpoint"), "{err}");
     assert!(
-        err.contains("tracing.otlp.protocol: grpc is not supported"),
+        err.contains("tracing.otlp.endpoint: \"localhost:4318\" is not an http:// or https:// URL (e.g. http://otel-collector:4317)"),
         "{err}"
     );
+    assert!(!err.contains("tracing.otlp.protocol"), "{err}");
     assert!(err.contains("tracing.sample_ratio: 1.5"), "{err}");
+    // gRPC takes the collector's address: an OTLP/HTTP traces URL is refused, saying why.
+    let (ok, err) = check_yaml(&format!(
+        "{base}tracing:\n  otlp: {{endpoint: \"http://collector:4318/v1/traces\", protocol: grpc}}\n"
+    ));
+    assert!(!ok);
+    assert!(
+        err.contains("tracing.otlp.endpoint: \"http://collector:4318/v1/traces\" has a path (/v1/traces); OTLP/gRPC takes the collector's address only"),
+        "{err}"
+    );
+    for endpoint in ["http://collector:4317", "https://collector.example:443/"] {
+        let (ok, err) = check_yaml(&format!(
+            "{base}tracing:\n  otlp: {{endpoint: \"{endpoint}\", protocol: grpc, headers: {{x-key: v}}, timeout: 3s}}\n"
+        ));
+        assert!(ok, "{endpoint}: {err}");
+    }
     // Printed: every key, the header's value masked; the output is itself valid.
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("c.yaml");

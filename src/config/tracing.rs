@@ -24,13 +24,16 @@ pub struct TracingSettings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct OtlpSettings {
-    /// The collector: a base URL (`http://collector:4318`, `/v1/traces` is appended) or the
-    /// full traces URL (any other path is used as is).
+    /// The collector. `http`: a base URL (`http://collector:4318`, `/v1/traces` is appended)
+    /// or the full traces URL (any other path is used as is). `grpc`: the collector's address
+    /// only (`http://collector:4317`; `https://` for TLS with the webpki roots), no path.
     pub endpoint: String,
-    /// `http` (OTLP/HTTP with protobuf bodies). `grpc` is not built in yet.
+    /// `http` (OTLP/HTTP with protobuf bodies, the collector's port 4318) or `grpc`
+    /// (OTLP/gRPC, port 4317).
     #[serde(default)]
     pub protocol: OtlpProtocol,
-    /// Sent with every export (e.g. a vendor's API key); never printed.
+    /// Sent with every export (e.g. a vendor's API key): HTTP headers, or gRPC metadata;
+    /// never printed.
     #[serde(default, serialize_with = "masked_values")]
     pub headers: BTreeMap<String, String>,
     /// Longest one export may take.
@@ -74,18 +77,24 @@ impl TracingSettings {
             errs.push("tracing.service_name: must not be empty".into());
         }
         let o = &self.otlp;
+        let example = match o.protocol {
+            OtlpProtocol::Http => "http://otel-collector:4318",
+            OtlpProtocol::Grpc => "http://otel-collector:4317",
+        };
         match o.endpoint.parse::<http::Uri>() {
-            Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {}
+            Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {
+                let path = u.path_and_query().map_or("", |p| p.as_str());
+                if o.protocol == OtlpProtocol::Grpc && !path.trim_matches('/').is_empty() {
+                    errs.push(format!(
+                        "tracing.otlp.endpoint: {:?} has a path ({path}); OTLP/gRPC takes the collector's address only (e.g. {example}; /v1/traces is OTLP/HTTP's, on port 4318)",
+                        o.endpoint
+                    ));
+                }
+            }
             _ => errs.push(format!(
-                "tracing.otlp.endpoint: {:?} is not an http:// or https:// URL (e.g. http://otel-collector:4318)",
+                "tracing.otlp.endpoint: {:?} is not an http:// or https:// URL (e.g. {example})",
                 o.endpoint
             )),
-        }
-        if o.protocol == OtlpProtocol::Grpc {
-            errs.push(
-                "tracing.otlp.protocol: grpc is not supported by this build; use http (OTLP/HTTP protobuf, the collector's port 4318)"
-                    .into(),
-            );
         }
         for (k, v) in &o.headers {
             if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
@@ -101,9 +110,12 @@ impl TracingSettings {
         }
     }
 
-    /// The URL the spans are posted to.
+    /// The URL the spans are posted to (`http`), or the collector's address (`grpc`).
     pub fn traces_url(&self) -> String {
         let e = self.otlp.endpoint.trim_end_matches('/');
+        if self.otlp.protocol == OtlpProtocol::Grpc {
+            return e.to_string();
+        }
         match e.parse::<http::Uri>() {
             Ok(u) if u.path().trim_matches('/').is_empty() => format!("{e}/v1/traces"),
             _ => e.to_string(),

@@ -756,9 +756,11 @@ pub fn status_json(shared: &Shared) -> Value {
         "mirror": mirror_view(&rt, m),
         // The tenants that used the most tokens (empty without `tenants:` / `api_keys`).
         "top_tenants": top_tenants(shared, &rt),
-        // OpenTelemetry traces: the collector's URL (null: tracing off) and spans by outcome.
+        // OpenTelemetry traces: the collector's URL (null: tracing off), the OTLP transport
+        // (http, grpc) and spans by outcome.
         "tracing": {
             "endpoint": shared.otel.load().as_ref().map(|o| o.url.clone()),
+            "protocol": shared.otel.load().as_ref().map(|o| o.protocol),
             "spans": shared.trace_spans.view(),
         },
         "reload": reload_view(shared),

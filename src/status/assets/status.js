@@ -480,7 +480,7 @@ function renderTracing(t) {
   const card = document.getElementById("tracing-card");
   card.hidden = !t || !t.endpoint;
   if (card.hidden) return;
-  document.getElementById("tracing-name").textContent = `OTLP → ${t.endpoint}`;
+  document.getElementById("tracing-name").textContent = `OTLP${t.protocol === "grpc" ? "/gRPC" : ""} → ${t.endpoint}`;
   const s = t.spans;
   const facts = [
     ["exported", "spans exported", fmtInt(s.exported), false],
