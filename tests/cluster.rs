@@ -407,8 +407,13 @@ async fn a_tenants_requests_per_minute_hold_for_the_fleet() {
     let (mut ok, mut refused) = (0, 0);
     let mut remaining = Vec::new();
     for i in 0..12 {
-        let (st, retry, left) =
-            send_as(&c, &gws[i % 2], "sk-team", &chat(&format!("q{i}"), 2)).await;
+        let (st, retry, left) = send_as(
+            &c,
+            &gws[i % 2],
+            "sk-team",
+            &chat("", &format!("q{i}"), 2, false),
+        )
+        .await;
         match st {
             200 => {
                 ok += 1;
@@ -443,9 +448,14 @@ async fn a_tenants_requests_per_minute_hold_for_the_fleet() {
     let mut statuses = Vec::new();
     for i in 0..5 {
         statuses.push(
-            send_as(&c, &gws[1], "sk-team", &chat(&format!("d{i}"), 2))
-                .await
-                .0,
+            send_as(
+                &c,
+                &gws[1],
+                "sk-team",
+                &chat("", &format!("d{i}"), 2, false),
+            )
+            .await
+            .0,
         );
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
@@ -477,7 +487,7 @@ async fn a_tenants_admission_reads_the_session_in_the_same_round_trip() {
                 .post(gws[(s + turn) % 2].url("/v1/chat/completions"))
                 .bearer_auth("sk-team")
                 .header("x-session-id", format!("sess-{s}"))
-                .json(&chat(&words(&format!("s{s}t{turn}w"), 40), 2))
+                .json(&chat("", &words(&format!("s{s}t{turn}w"), 40), 2, false))
                 .send()
                 .await
                 .unwrap();
@@ -523,7 +533,7 @@ async fn a_long_answer_is_charged_to_the_fleets_tokens() {
         .post(gws[0].url("/v1/chat/completions"))
         .bearer_auth("sk-team")
         .header("x-sim-output-tokens", "250")
-        .json(&chat("a long one", 10))
+        .json(&chat("", "a long one", 10, false))
         .send()
         .await
         .unwrap();
@@ -536,7 +546,7 @@ async fn a_long_answer_is_charged_to_the_fleets_tokens() {
     })
     .await;
     // So r2, whose own bucket is full, refuses 100 more until about 10 s have refilled it.
-    let (st, retry, _) = send_as(&c, &gws[1], "sk-team", &chat("next", 100)).await;
+    let (st, retry, _) = send_as(&c, &gws[1], "sk-team", &chat("", "next", 100, false)).await;
     assert_eq!(st, 429, "r2 admitted 100 tokens the fleet does not have");
     assert!(retry.is_some_and(|s| s >= 2), "Retry-After {retry:?}");
 }
@@ -554,7 +564,7 @@ async fn a_tenants_concurrency_holds_for_the_fleet() {
         .map(|i| {
             let c = c.clone();
             let url = gws[i % 2].url("/v1/chat/completions");
-            let b = chat(&format!("long {i}"), 1000);
+            let b = chat("", &format!("long {i}"), 1000, false);
             tokio::spawn(async move {
                 let r = c
                     .post(url)
@@ -579,7 +589,10 @@ async fn a_tenants_concurrency_holds_for_the_fleet() {
     // Both slots come back: requests through either replica are admitted again.
     for g in &gws {
         eventually("the tenant's fleet slots are free again", || async {
-            send_as(&c, g, "sk-team", &chat("short", 1)).await.0 == 200
+            send_as(&c, g, "sk-team", &chat("", "short", 1, false))
+                .await
+                .0
+                == 200
         })
         .await;
     }
@@ -836,7 +849,7 @@ async fn leases_come_back_after_redis_restarts_empty() {
     let holds: Vec<_> = (0..2)
         .map(|i| {
             let (c, url) = (c.clone(), gws[0].url("/v1/chat/completions"));
-            let b = chat(&format!("long {i}"), 1000);
+            let b = chat("", &format!("long {i}"), 1000, false);
             tokio::spawn(async move { c.post(url).json(&b).send().await.unwrap().status() })
         })
         .collect();
@@ -856,7 +869,7 @@ async fn leases_come_back_after_redis_restarts_empty() {
     })
     .await;
     // So r2 finds e1 full while they run (without them it would take a third slot).
-    let (st, _, _) = send(&c, &gws[1], &chat("third", 1), None).await;
+    let (st, _, _) = send(&c, &gws[1], &chat("", "third", 1, false), None).await;
     assert_eq!(st, 429, "r2 took a slot the fleet does not have");
     for h in holds {
         assert_eq!(h.await.unwrap(), 200);
