@@ -86,24 +86,14 @@ impl Runtime {
         if !errs.is_empty() {
             return Err(ConfigErrors(errs));
         }
-        if let Some(p) = prev {
-            if p.maintenance_interval != cfg.prefix_index.maintenance_interval {
-                info!(
-                    "prefix_index.maintenance_interval changed to {:?}",
-                    cfg.prefix_index.maintenance_interval
-                );
-            }
+        if prev.is_some_and(|p| p.maintenance_interval != cfg.prefix_index.maintenance_interval) {
+            info!(
+                "prefix_index.maintenance_interval changed to {:?}",
+                cfg.prefix_index.maintenance_interval
+            );
         }
         let members = members(cfg, prev)?;
-        let split = match cfg
-            .split
-            .as_ref()
-            .map(|sp| crate::split::Split::build(sp, prev.and_then(|p| p.split.as_deref())))
-        {
-            None => None,
-            Some(Ok(s)) => Some(Arc::new(s)),
-            Some(Err(e)) => return Err(ConfigErrors(e)),
-        };
+        let split = split(cfg, prev)?;
         let mirror = mirror(cfg, prev)?;
         let engine_metrics = cfg
             .services
@@ -297,6 +287,19 @@ fn members(cfg: &Config, prev: Option<&Runtime>) -> Result<Vec<Member>, ConfigEr
     } else {
         Err(ConfigErrors(errs))
     }
+}
+
+/// The split proxy (`split:`), when configured, carrying over the previous one's entries.
+fn split(
+    cfg: &Config,
+    prev: Option<&Runtime>,
+) -> Result<Option<Arc<crate::split::Split>>, ConfigErrors> {
+    let Some(sp) = cfg.split.as_ref() else {
+        return Ok(None);
+    };
+    crate::split::Split::build(sp, prev.and_then(|p| p.split.as_deref()))
+        .map(|s| Some(Arc::new(s)))
+        .map_err(ConfigErrors)
 }
 
 /// Traffic mirroring (`mirror:`), when configured; a change from `prev` is logged.
