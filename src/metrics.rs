@@ -5,8 +5,8 @@
 //! scraped, so the hot path pays nothing for them.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -126,370 +126,71 @@ impl TenantMetrics {
     }
 }
 
+/// Creates metric families and registers them (a name registered twice panics at start).
+struct Reg<'a>(&'a Registry);
+
+impl Reg<'_> {
+    fn add<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> C {
+        self.0
+            .register(Box::new(c.clone()))
+            .expect("unique metric names");
+        c
+    }
+
+    fn counter(&self, opts: Opts, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(opts, labels).expect("metric"))
+    }
+
+    fn gauge(&self, opts: Opts, labels: &[&str]) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(opts, labels).expect("metric"))
+    }
+
+    /// A gauge of fractional values (rates, ratios, seconds).
+    fn ratio(&self, opts: Opts, labels: &[&str]) -> GaugeVec {
+        self.add(GaugeVec::new(opts, labels).expect("metric"))
+    }
+
+    /// A latency histogram ([`LATENCY_BUCKETS`]).
+    fn histogram(&self, opts: HistogramOpts, labels: &[&str]) -> HistogramVec {
+        let opts = opts.buckets(LATENCY_BUCKETS.to_vec());
+        self.add(HistogramVec::new(opts, labels).expect("metric"))
+    }
+
+    fn int_gauge(&self, opts: Opts) -> IntGauge {
+        self.add(IntGauge::with_opts(opts).expect("metric"))
+    }
+}
+
 impl Metrics {
+    /// Every `tokengate_*` family, registered, feature by feature.
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "tokengate_requests_total",
-                "Requests answered, by model, instance (\"-\" when none was chosen), status code (0: none was sent) and outcome: complete, truncated (the status was sent, then the answer broke off), client_left, left_queue (the client hung up while queued for a throttling slot), no_response",
-            ),
-            &["model", "instance", "code", "outcome"],
-        )
-        .expect("metric");
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                "tokengate_request_duration_seconds",
-                "Time from the request's arrival to its last response byte",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["model"],
-        )
-        .expect("metric");
-        let ttft = HistogramVec::new(
-            HistogramOpts::new(
-                "tokengate_ttft_seconds",
-                "Time to first token of streaming requests: arrival to the first response body chunk",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["model"],
-        )
-        .expect("metric");
-        let tokens = IntCounterVec::new(
-            Opts::new(
-                "tokengate_tokens_total",
-                "Tokens reported by the engines' usage, by model (the service that served it): prompt, completion, and cached (prompt tokens served from the prefix cache)",
-            ),
-            &["model", "kind"],
-        )
-        .expect("metric");
-        let inflight_requests = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_inflight_requests",
-                "Requests dispatched to an instance and not finished",
-            ),
-            &["instance"],
-        )
-        .expect("metric");
-        let inflight_tokens = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_inflight_tokens",
-                "Expected tokens (prompt estimate + output limit) of the requests in flight on an instance",
-            ),
-            &["instance"],
-        )
-        .expect("metric");
-        let waiting = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_waiting_requests",
-                "Requests dispatched to an instance that have no first byte yet",
-            ),
-            &["instance"],
-        )
-        .expect("metric");
-        let queued_prefill_tokens = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_queued_prefill_tokens",
-                "Uncached prompt tokens of the requests dispatched to an instance that have no first token yet (prefill work queued there by this gateway)",
-            ),
-            &["instance"],
-        )
-        .expect("metric");
-        let learned_prefill_tps = prometheus::GaugeVec::new(
-            Opts::new(
-                "tokengate_learned_prefill_tokens_per_second",
-                "Prefill rate of an instance as the predicted-TTFT model learned it from completed streams",
-            ),
-            &["instance"],
-        )
-        .expect("metric");
-        let learned_decode_step = prometheus::GaugeVec::new(
-            Opts::new(
-                "tokengate_learned_decode_step_seconds",
-                "Time per output token of an instance as the predicted-TTFT model learned it",
-            ),
-            &["instance"],
-        )
-        .expect("metric");
-        let index_trimmed_blocks = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_prefix_index_trimmed_blocks",
-                "Blocks removed from a service's prefix index because an engine reported fewer cached tokens than the index predicted (its cache evicted them), since start",
-            ),
-            &["service"],
-        )
-        .expect("metric");
-        let index_capacity_evicted_blocks = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_prefix_index_capacity_evicted_blocks",
-                "Blocks removed from a service's prefix index because an instance held more than its cache_tokens (the least recently used first, as the engine evicts them), since start",
-            ),
-            &["service"],
-        )
-        .expect("metric");
-        let throttle_queue = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_throttle_queue_length",
-                "Requests waiting in a service's throttling queue for a slot",
-            ),
-            &["service"],
-        )
-        .expect("metric");
-        let throttle_queue_wait = HistogramVec::new(
-            HistogramOpts::new(
-                "tokengate_throttle_queue_wait_seconds",
-                "Time requests spent in a service's throttling queue (until a slot, or the queue timeout)",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["service"],
-        )
-        .expect("metric");
-        let throttle_rejections = IntCounterVec::new(
-            Opts::new(
-                "tokengate_throttle_rejections_total",
-                "Requests refused by throttling, by service and reason: limit (reject mode), queue_full, queue_timeout",
-            ),
-            &["service", "reason"],
-        )
-        .expect("metric");
-        let slots_in_use = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_slots_in_use",
-                "Throttling slots in use per instance of a throttled service and phase: prefill (dispatch to first token), decode (first token to completion), total",
-            ),
-            &["instance", "phase"],
-        )
-        .expect("metric");
-        let slot_limit = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_slot_limit",
-                "Throttling limit per instance and phase (services[].throttling; with scope service the pool is this × the instances)",
-            ),
-            &["instance", "phase"],
-        )
-        .expect("metric");
-        let pd_prefill = IntCounterVec::new(
-            Opts::new(
-                "tokengate_pd_prefill_total",
-                "Prefill legs of prefill/decode-disaggregated services, by prefill instance and outcome: ok, error (the decode is aborted; the request is retried on a new pair before any byte reached the client), aborted (the decode failed or the client left)",
-            ),
-            &["instance", "outcome"],
-        )
-        .expect("metric");
-        let global_requests = IntCounterVec::new(
-            Opts::new(
-                "tokengate_global_requests_total",
-                "Requests forwarded to another region's gateway (global.members), by member and outcome: ok, refused (429/503: the next member is tried), error, cancelled",
-            ),
-            &["member", "outcome"],
-        )
-        .expect("metric");
-        let split_requests = IntCounterVec::new(
-            Opts::new(
-                "tokengate_split_requests_total",
-                "Split proxy (split.proxies): attempts per entry (`local` for our own services) and outcome: ok, refused (5xx/429 before any byte: the request fails over), error (connect error, timeout, reset; or failed after bytes reached the client), cancelled (the client left)",
-            ),
-            &["entry", "outcome"],
-        )
-        .expect("metric");
-        let decisions = IntCounterVec::new(
-            Opts::new(
-                "tokengate_routing_decisions_total",
-                "Routing decisions, by the reason the instance was chosen",
-            ),
-            &["reason"],
-        )
-        .expect("metric");
-        let prefix_tokens = IntCounterVec::new(
-            Opts::new(
-                "tokengate_prefix_tokens_total",
-                "Every routed request, by service: estimated prompt tokens (kind=prompt), tokens of the best cached prefix on any instance (ceiling) and on the chosen instance (predicted), by the gateway's prefix index",
-            ),
-            &["service", "kind"],
-        )
-        .expect("metric");
-        let engine_tokens = IntCounterVec::new(
-            Opts::new(
-                "tokengate_prefix_engine_tokens_total",
-                "The same requests as the engines reported them (requests with usage), by service: prompt and cached tokens, and the index's prediction for them in the engines' units (kind=predicted: its match scaled to the engine's token count and rounded down to its block size)",
-            ),
-            &["service", "kind"],
-        )
-        .expect("metric");
-        let hit_ratio = prometheus::GaugeVec::new(
-            Opts::new(
-                "tokengate_prefix_hit_ratio",
-                "Cached share of prompt tokens per service: ceiling (best instance for every request), predicted (chosen instance, by the index), engine (reported cached_tokens), engine_predicted (the index's prediction over the same requests as engine, in the engine's units)",
-            ),
-            &["service", "kind"],
-        )
-        .expect("metric");
-        let index_nodes = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_prefix_index_nodes",
-                "Nodes of a service's prefix index",
-            ),
-            &["service"],
-        )
-        .expect("metric");
-        let index_bytes = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_prefix_index_bytes",
-                "Approximate heap bytes of a service's prefix index",
-            ),
-            &["service"],
-        )
-        .expect("metric");
-        let index_evicted_bytes = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_prefix_index_evicted_bytes",
-                "Bytes evicted from a service's prefix index by the memory bound since start",
-            ),
-            &["service"],
-        )
-        .expect("metric");
-        let sessions = IntGaugeVec::new(
-            Opts::new("tokengate_sessions", "Session bindings held by a scheduler"),
-            &["scheduler"],
-        )
-        .expect("metric");
-        let decision_total = IntCounterVec::new(
-            Opts::new(
-                "tokengate_decision_total",
-                "Decision-service calls by route and outcome: target, or an abstention (timeout, error, no_target)",
-            ),
-            &["route", "outcome"],
-        )
-        .expect("metric");
-        let decision_latency = HistogramVec::new(
-            HistogramOpts::new(
-                "tokengate_decision_latency_seconds",
-                "Latency of decision-service calls (including timeouts)",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["route"],
-        )
-        .expect("metric");
-        let available = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_instance_available",
-                "1 when the instance receives requests (healthy and not ejected), else 0",
-            ),
-            &["instance"],
-        )
-        .expect("metric");
-        let ejections = IntGaugeVec::new(
-            Opts::new(
-                "tokengate_instance_ejections",
-                "Passive ejections of the instance since start",
-            ),
-            &["instance"],
-        )
-        .expect("metric");
-        let reloads = IntCounterVec::new(
-            Opts::new(
-                "tokengate_config_reloads_total",
-                "Config reloads (SIGHUP or file change) by result: ok, or error (the running config was kept)",
-            ),
-            &["result"],
-        )
-        .expect("metric");
-        let reload_ok = prometheus::IntGauge::new(
-            "tokengate_config_last_reload_success",
-            "1 when the last config reload was applied (or none happened), 0 when it was rejected",
-        )
-        .expect("metric");
-        reload_ok.set(1);
-        let protocol_errors = IntCounterVec::new(
-            Opts::new(
-                "tokengate_protocol_errors_total",
-                "Client connections the gateway answered at the protocol level before any request was read, by reason: head_timeout (the request head was not complete within timeouts.client_head: 408), head_too_large (a head above 64 KiB: 431), too_many_headers (more than 256 head lines: 431), bad_request (a head the HTTP parser refused, e.g. two Content-Lengths, an unknown Transfer-Encoding, a garbage request line: 400); each closes the connection",
-            ),
-            &["reason"],
-        )
-        .expect("metric");
-        for r in [
-            "head_timeout",
-            "head_too_large",
-            "too_many_headers",
-            "bad_request",
-        ] {
-            protocol_errors.with_label_values(&[r]);
-        }
-        // Both results exist from the start (a rate over them works before any reload).
-        for r in ["ok", "error"] {
-            reloads.with_label_values(&[r]);
-        }
-        let mirror_requests = IntCounterVec::new(
-            Opts::new(
-                "tokengate_mirror_requests_total",
-                "Sampled requests copied to the mirror target, by outcome: sent (a send started), then ok (2xx answered whole), http_error (another status), error (connect or read failure), timeout (mirror.timeout_ms); or dropped (the queue was full) and expired (waited in the queue longer than mirror.timeout_ms), which were never sent",
-            ),
-            &["outcome"],
-        )
-        .expect("metric");
-        let mirror_latency = HistogramVec::new(
-            HistogramOpts::new(
-                "tokengate_mirror_latency_seconds",
-                "Answered mirror requests, from their send: to the first token (phase=ttft: the first SSE event with output, or the whole body) and to the last byte (phase=total)",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["phase"],
-        )
-        .expect("metric");
-        let mirror_queue = prometheus::IntGauge::new(
-            "tokengate_mirror_queue_depth",
-            "Mirror copies waiting in the queue for a send slot",
-        )
-        .expect("metric");
-        let mirror_inflight = prometheus::IntGauge::new(
-            "tokengate_mirror_inflight",
-            "Mirror requests being sent (at most the mirror's concurrency limit)",
-        )
-        .expect("metric");
-        for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(duration.clone()),
-            Box::new(ttft.clone()),
-            Box::new(tokens.clone()),
-            Box::new(inflight_requests.clone()),
-            Box::new(inflight_tokens.clone()),
-            Box::new(waiting.clone()),
-            Box::new(queued_prefill_tokens.clone()),
-            Box::new(learned_prefill_tps.clone()),
-            Box::new(learned_decode_step.clone()),
-            Box::new(index_trimmed_blocks.clone()),
-            Box::new(index_capacity_evicted_blocks.clone()),
-            Box::new(decisions.clone()),
-            Box::new(throttle_queue.clone()),
-            Box::new(throttle_queue_wait.clone()),
-            Box::new(throttle_rejections.clone()),
-            Box::new(slots_in_use.clone()),
-            Box::new(slot_limit.clone()),
-            Box::new(global_requests.clone()),
-            Box::new(split_requests.clone()),
-            Box::new(pd_prefill.clone()),
-            Box::new(prefix_tokens.clone()),
-            Box::new(engine_tokens.clone()),
-            Box::new(hit_ratio.clone()),
-            Box::new(index_nodes.clone()),
-            Box::new(index_bytes.clone()),
-            Box::new(index_evicted_bytes.clone()),
-            Box::new(sessions.clone()),
-            Box::new(decision_total.clone()),
-            Box::new(decision_latency.clone()),
-            Box::new(reloads.clone()),
-            Box::new(available.clone()),
-            Box::new(ejections.clone()),
-            Box::new(reload_ok.clone()),
-            Box::new(protocol_errors.clone()),
-            Box::new(mirror_requests.clone()),
-            Box::new(mirror_latency.clone()),
-            Box::new(mirror_queue.clone()),
-            Box::new(mirror_inflight.clone()),
-        ] {
-            registry.register(c).expect("unique metric names");
-        }
+        let r = Reg(&registry);
+        let (requests, duration, ttft, tokens) = requests(&r);
+        let (
+            inflight_requests,
+            inflight_tokens,
+            waiting,
+            queued_prefill_tokens,
+            available,
+            ejections,
+        ) = instances(&r);
+        let (learned_prefill_tps, learned_decode_step) = cost_model(&r);
+        let (decisions, sessions) = routing(&r);
+        let (decision_total, decision_latency) = decision_service(&r);
+        let (prefix_tokens, engine_tokens, hit_ratio) = prefix_hits(&r);
+        let (
+            index_nodes,
+            index_bytes,
+            index_evicted_bytes,
+            index_trimmed_blocks,
+            index_capacity_evicted_blocks,
+        ) = prefix_index(&r);
+        let (throttle_queue, throttle_queue_wait, throttle_rejections, slots_in_use, slot_limit) =
+            throttling(&r);
+        let (pd_prefill, global_requests, split_requests) = legs(&r);
+        let (reloads, reload_ok, protocol_errors) = operations(&r);
+        let (mirror_requests, mirror_latency, mirror_queue, mirror_inflight) = mirror(&r);
         let tenants = TenantMetrics::new(&registry);
         Metrics {
             registry,
@@ -501,33 +202,33 @@ impl Metrics {
             inflight_tokens,
             waiting,
             queued_prefill_tokens,
+            available,
+            ejections,
             learned_prefill_tps,
             learned_decode_step,
-            index_trimmed_blocks,
-            index_capacity_evicted_blocks,
             decisions,
-            throttle_queue,
-            throttle_queue_wait,
-            throttle_rejections,
-            slots_in_use,
-            slot_limit,
-            global_requests,
-            split_requests,
-            pd_prefill,
+            sessions,
+            decision_total,
+            decision_latency,
             prefix_tokens,
             engine_tokens,
             hit_ratio,
             index_nodes,
             index_bytes,
             index_evicted_bytes,
-            sessions,
-            decision_total,
-            decision_latency,
+            index_trimmed_blocks,
+            index_capacity_evicted_blocks,
+            throttle_queue,
+            throttle_queue_wait,
+            throttle_rejections,
+            slots_in_use,
+            slot_limit,
+            pd_prefill,
+            global_requests,
+            split_requests,
             reloads,
             reload_ok,
             protocol_errors,
-            available,
-            ejections,
             mirror_requests,
             mirror_latency,
             mirror_queue,
@@ -589,6 +290,412 @@ impl Metrics {
     }
 }
 
+/// Every answered request: by outcome, its duration and time to first token, the engines' token
+/// usage.
+///
+/// Returns `(requests, duration, ttft, tokens)`.
+fn requests(r: &Reg) -> (IntCounterVec, HistogramVec, HistogramVec, IntCounterVec) {
+    let requests = r.counter(
+        Opts::new(
+            "tokengate_requests_total",
+            "Requests answered, by model, instance (\"-\" when none was chosen), status code (0: none was sent) and outcome: complete, truncated (the status was sent, then the answer broke off), client_left, left_queue (the client hung up while queued for a throttling slot), no_response",
+        ),
+        &["model", "instance", "code", "outcome"],
+    );
+    let duration = r.histogram(
+        HistogramOpts::new(
+            "tokengate_request_duration_seconds",
+            "Time from the request's arrival to its last response byte",
+        ),
+        &["model"],
+    );
+    let ttft = r.histogram(
+        HistogramOpts::new(
+            "tokengate_ttft_seconds",
+            "Time to first token of streaming requests: arrival to the first response body chunk",
+        ),
+        &["model"],
+    );
+    let tokens = r.counter(
+        Opts::new(
+            "tokengate_tokens_total",
+            "Tokens reported by the engines' usage, by model (the service that served it): prompt, completion, and cached (prompt tokens served from the prefix cache)",
+        ),
+        &["model", "kind"],
+    );
+    (requests, duration, ttft, tokens)
+}
+
+/// Per instance, copied from the load table and health when scraped: in flight, waiting, queued
+/// prefill, available, ejections.
+///
+/// Returns `(inflight_requests, inflight_tokens, waiting, queued_prefill_tokens, available,
+/// ejections)`.
+fn instances(
+    r: &Reg,
+) -> (
+    IntGaugeVec,
+    IntGaugeVec,
+    IntGaugeVec,
+    IntGaugeVec,
+    IntGaugeVec,
+    IntGaugeVec,
+) {
+    let inflight_requests = r.gauge(
+        Opts::new(
+            "tokengate_inflight_requests",
+            "Requests dispatched to an instance and not finished",
+        ),
+        &["instance"],
+    );
+    let inflight_tokens = r.gauge(
+        Opts::new(
+            "tokengate_inflight_tokens",
+            "Expected tokens (prompt estimate + output limit) of the requests in flight on an instance",
+        ),
+        &["instance"],
+    );
+    let waiting = r.gauge(
+        Opts::new(
+            "tokengate_waiting_requests",
+            "Requests dispatched to an instance that have no first byte yet",
+        ),
+        &["instance"],
+    );
+    let queued_prefill_tokens = r.gauge(
+        Opts::new(
+            "tokengate_queued_prefill_tokens",
+            "Uncached prompt tokens of the requests dispatched to an instance that have no first token yet (prefill work queued there by this gateway)",
+        ),
+        &["instance"],
+    );
+    let available = r.gauge(
+        Opts::new(
+            "tokengate_instance_available",
+            "1 when the instance receives requests (healthy and not ejected), else 0",
+        ),
+        &["instance"],
+    );
+    let ejections = r.gauge(
+        Opts::new(
+            "tokengate_instance_ejections",
+            "Passive ejections of the instance since start",
+        ),
+        &["instance"],
+    );
+    (
+        inflight_requests,
+        inflight_tokens,
+        waiting,
+        queued_prefill_tokens,
+        available,
+        ejections,
+    )
+}
+
+/// What the predicted-TTFT model learned per instance.
+///
+/// Returns `(learned_prefill_tps, learned_decode_step)`.
+fn cost_model(r: &Reg) -> (GaugeVec, GaugeVec) {
+    let learned_prefill_tps = r.ratio(
+        Opts::new(
+            "tokengate_learned_prefill_tokens_per_second",
+            "Prefill rate of an instance as the predicted-TTFT model learned it from completed streams",
+        ),
+        &["instance"],
+    );
+    let learned_decode_step = r.ratio(
+        Opts::new(
+            "tokengate_learned_decode_step_seconds",
+            "Time per output token of an instance as the predicted-TTFT model learned it",
+        ),
+        &["instance"],
+    );
+    (learned_prefill_tps, learned_decode_step)
+}
+
+/// Routing decisions by reason, and the session bindings of each scheduler.
+///
+/// Returns `(decisions, sessions)`.
+fn routing(r: &Reg) -> (IntCounterVec, IntGaugeVec) {
+    let decisions = r.counter(
+        Opts::new(
+            "tokengate_routing_decisions_total",
+            "Routing decisions, by the reason the instance was chosen",
+        ),
+        &["reason"],
+    );
+    let sessions = r.gauge(
+        Opts::new("tokengate_sessions", "Session bindings held by a scheduler"),
+        &["scheduler"],
+    );
+    (decisions, sessions)
+}
+
+/// Decision-service calls: outcomes and latency.
+///
+/// Returns `(decision_total, decision_latency)`.
+fn decision_service(r: &Reg) -> (IntCounterVec, HistogramVec) {
+    let decision_total = r.counter(
+        Opts::new(
+            "tokengate_decision_total",
+            "Decision-service calls by route and outcome: target, or an abstention (timeout, error, no_target)",
+        ),
+        &["route", "outcome"],
+    );
+    let decision_latency = r.histogram(
+        HistogramOpts::new(
+            "tokengate_decision_latency_seconds",
+            "Latency of decision-service calls (including timeouts)",
+        ),
+        &["route"],
+    );
+    (decision_total, decision_latency)
+}
+
+/// Prefix-cache hits per service: the index's view (prompt, ceiling, predicted), the engines'
+/// reports, the ratios.
+///
+/// Returns `(prefix_tokens, engine_tokens, hit_ratio)`.
+fn prefix_hits(r: &Reg) -> (IntCounterVec, IntCounterVec, GaugeVec) {
+    let prefix_tokens = r.counter(
+        Opts::new(
+            "tokengate_prefix_tokens_total",
+            "Every routed request, by service: estimated prompt tokens (kind=prompt), tokens of the best cached prefix on any instance (ceiling) and on the chosen instance (predicted), by the gateway's prefix index",
+        ),
+        &["service", "kind"],
+    );
+    let engine_tokens = r.counter(
+        Opts::new(
+            "tokengate_prefix_engine_tokens_total",
+            "The same requests as the engines reported them (requests with usage), by service: prompt and cached tokens, and the index's prediction for them in the engines' units (kind=predicted: its match scaled to the engine's token count and rounded down to its block size)",
+        ),
+        &["service", "kind"],
+    );
+    let hit_ratio = r.ratio(
+        Opts::new(
+            "tokengate_prefix_hit_ratio",
+            "Cached share of prompt tokens per service: ceiling (best instance for every request), predicted (chosen instance, by the index), engine (reported cached_tokens), engine_predicted (the index's prediction over the same requests as engine, in the engine's units)",
+        ),
+        &["service", "kind"],
+    );
+    (prefix_tokens, engine_tokens, hit_ratio)
+}
+
+/// Each service's prefix index: its size and what left it.
+///
+/// Returns `(index_nodes, index_bytes, index_evicted_bytes, index_trimmed_blocks,
+/// index_capacity_evicted_blocks)`.
+fn prefix_index(
+    r: &Reg,
+) -> (
+    IntGaugeVec,
+    IntGaugeVec,
+    IntGaugeVec,
+    IntGaugeVec,
+    IntGaugeVec,
+) {
+    let index_nodes = r.gauge(
+        Opts::new(
+            "tokengate_prefix_index_nodes",
+            "Nodes of a service's prefix index",
+        ),
+        &["service"],
+    );
+    let index_bytes = r.gauge(
+        Opts::new(
+            "tokengate_prefix_index_bytes",
+            "Approximate heap bytes of a service's prefix index",
+        ),
+        &["service"],
+    );
+    let index_evicted_bytes = r.gauge(
+        Opts::new(
+            "tokengate_prefix_index_evicted_bytes",
+            "Bytes evicted from a service's prefix index by the memory bound since start",
+        ),
+        &["service"],
+    );
+    let index_trimmed_blocks = r.gauge(
+        Opts::new(
+            "tokengate_prefix_index_trimmed_blocks",
+            "Blocks removed from a service's prefix index because an engine reported fewer cached tokens than the index predicted (its cache evicted them), since start",
+        ),
+        &["service"],
+    );
+    let index_capacity_evicted_blocks = r.gauge(
+        Opts::new(
+            "tokengate_prefix_index_capacity_evicted_blocks",
+            "Blocks removed from a service's prefix index because an instance held more than its cache_tokens (the least recently used first, as the engine evicts them), since start",
+        ),
+        &["service"],
+    );
+    (
+        index_nodes,
+        index_bytes,
+        index_evicted_bytes,
+        index_trimmed_blocks,
+        index_capacity_evicted_blocks,
+    )
+}
+
+/// Throttling: the queue, its wait, refusals, slots in use and their limits.
+///
+/// Returns `(throttle_queue, throttle_queue_wait, throttle_rejections, slots_in_use, slot_limit)`.
+fn throttling(
+    r: &Reg,
+) -> (
+    IntGaugeVec,
+    HistogramVec,
+    IntCounterVec,
+    IntGaugeVec,
+    IntGaugeVec,
+) {
+    let throttle_queue = r.gauge(
+        Opts::new(
+            "tokengate_throttle_queue_length",
+            "Requests waiting in a service's throttling queue for a slot",
+        ),
+        &["service"],
+    );
+    let throttle_queue_wait = r.histogram(
+        HistogramOpts::new(
+            "tokengate_throttle_queue_wait_seconds",
+            "Time requests spent in a service's throttling queue (until a slot, or the queue timeout)",
+        ),
+        &["service"],
+    );
+    let throttle_rejections = r.counter(
+        Opts::new(
+            "tokengate_throttle_rejections_total",
+            "Requests refused by throttling, by service and reason: limit (reject mode), queue_full, queue_timeout",
+        ),
+        &["service", "reason"],
+    );
+    let slots_in_use = r.gauge(
+        Opts::new(
+            "tokengate_slots_in_use",
+            "Throttling slots in use per instance of a throttled service and phase: prefill (dispatch to first token), decode (first token to completion), total",
+        ),
+        &["instance", "phase"],
+    );
+    let slot_limit = r.gauge(
+        Opts::new(
+            "tokengate_slot_limit",
+            "Throttling limit per instance and phase (services[].throttling; with scope service the pool is this × the instances)",
+        ),
+        &["instance", "phase"],
+    );
+    (
+        throttle_queue,
+        throttle_queue_wait,
+        throttle_rejections,
+        slots_in_use,
+        slot_limit,
+    )
+}
+
+/// Legs beyond the local instance: prefill legs of disaggregated services, member gateways,
+/// split-proxy entries.
+///
+/// Returns `(pd_prefill, global_requests, split_requests)`.
+fn legs(r: &Reg) -> (IntCounterVec, IntCounterVec, IntCounterVec) {
+    let pd_prefill = r.counter(
+        Opts::new(
+            "tokengate_pd_prefill_total",
+            "Prefill legs of prefill/decode-disaggregated services, by prefill instance and outcome: ok, error (the decode is aborted; the request is retried on a new pair before any byte reached the client), aborted (the decode failed or the client left)",
+        ),
+        &["instance", "outcome"],
+    );
+    let global_requests = r.counter(
+        Opts::new(
+            "tokengate_global_requests_total",
+            "Requests forwarded to another region's gateway (global.members), by member and outcome: ok, refused (429/503: the next member is tried), error, cancelled",
+        ),
+        &["member", "outcome"],
+    );
+    let split_requests = r.counter(
+        Opts::new(
+            "tokengate_split_requests_total",
+            "Split proxy (split.proxies): attempts per entry (`local` for our own services) and outcome: ok, refused (5xx/429 before any byte: the request fails over), error (connect error, timeout, reset; or failed after bytes reached the client), cancelled (the client left)",
+        ),
+        &["entry", "outcome"],
+    );
+    (pd_prefill, global_requests, split_requests)
+}
+
+/// Config reloads and protocol-level connection errors (every label present from the start).
+///
+/// Returns `(reloads, reload_ok, protocol_errors)`.
+fn operations(r: &Reg) -> (IntCounterVec, IntGauge, IntCounterVec) {
+    let reloads = r.counter(
+        Opts::new(
+            "tokengate_config_reloads_total",
+            "Config reloads (SIGHUP or file change) by result: ok, or error (the running config was kept)",
+        ),
+        &["result"],
+    );
+    let reload_ok = r.int_gauge(Opts::new(
+        "tokengate_config_last_reload_success",
+        "1 when the last config reload was applied (or none happened), 0 when it was rejected",
+    ));
+    let protocol_errors = r.counter(
+        Opts::new(
+            "tokengate_protocol_errors_total",
+            "Client connections the gateway answered at the protocol level before any request was read, by reason: head_timeout (the request head was not complete within timeouts.client_head: 408), head_too_large (a head above 64 KiB: 431), too_many_headers (more than 256 head lines: 431), bad_request (a head the HTTP parser refused, e.g. two Content-Lengths, an unknown Transfer-Encoding, a garbage request line: 400); each closes the connection",
+        ),
+        &["reason"],
+    );
+    reload_ok.set(1);
+    for reason in [
+        "head_timeout",
+        "head_too_large",
+        "too_many_headers",
+        "bad_request",
+    ] {
+        protocol_errors.with_label_values(&[reason]);
+    }
+    // Both results exist from the start (a rate over them works before any reload).
+    for result in ["ok", "error"] {
+        reloads.with_label_values(&[result]);
+    }
+    (reloads, reload_ok, protocol_errors)
+}
+
+/// Traffic mirroring: outcomes, latency, the queue and the sends in flight.
+///
+/// Returns `(mirror_requests, mirror_latency, mirror_queue, mirror_inflight)`.
+fn mirror(r: &Reg) -> (IntCounterVec, HistogramVec, IntGauge, IntGauge) {
+    let mirror_requests = r.counter(
+        Opts::new(
+            "tokengate_mirror_requests_total",
+            "Sampled requests copied to the mirror target, by outcome: sent (a send started), then ok (2xx answered whole), http_error (another status), error (connect or read failure), timeout (mirror.timeout_ms); or dropped (the queue was full) and expired (waited in the queue longer than mirror.timeout_ms), which were never sent",
+        ),
+        &["outcome"],
+    );
+    let mirror_latency = r.histogram(
+        HistogramOpts::new(
+            "tokengate_mirror_latency_seconds",
+            "Answered mirror requests, from their send: to the first token (phase=ttft: the first SSE event with output, or the whole body) and to the last byte (phase=total)",
+        ),
+        &["phase"],
+    );
+    let mirror_queue = r.int_gauge(Opts::new(
+        "tokengate_mirror_queue_depth",
+        "Mirror copies waiting in the queue for a send slot",
+    ));
+    let mirror_inflight = r.int_gauge(Opts::new(
+        "tokengate_mirror_inflight",
+        "Mirror requests being sent (at most the mirror's concurrency limit)",
+    ));
+    (
+        mirror_requests,
+        mirror_latency,
+        mirror_queue,
+        mirror_inflight,
+    )
+}
+
 /// See [`Metrics::service_counters`].
 #[derive(Clone)]
 pub struct ServiceCounters {
@@ -612,5 +719,71 @@ impl std::fmt::Debug for ServiceCounters {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::core::Collector;
+
+    /// Each field holds the family its name says, `tokengate_` + the name here (the
+    /// per-feature functions hand theirs back as tuples: a swap of two of the same type
+    /// would compile).
+    #[test]
+    fn fields_hold_their_families() {
+        let m = Metrics::new();
+        let fields: [(&dyn Collector, &str); 43] = [
+            (&m.requests, "requests_total"),
+            (&m.duration, "request_duration_seconds"),
+            (&m.ttft, "ttft_seconds"),
+            (&m.tokens, "tokens_total"),
+            (&m.inflight_requests, "inflight_requests"),
+            (&m.inflight_tokens, "inflight_tokens"),
+            (&m.waiting, "waiting_requests"),
+            (&m.queued_prefill_tokens, "queued_prefill_tokens"),
+            (&m.learned_prefill_tps, "learned_prefill_tokens_per_second"),
+            (&m.learned_decode_step, "learned_decode_step_seconds"),
+            (&m.index_trimmed_blocks, "prefix_index_trimmed_blocks"),
+            (
+                &m.index_capacity_evicted_blocks,
+                "prefix_index_capacity_evicted_blocks",
+            ),
+            (&m.throttle_queue, "throttle_queue_length"),
+            (&m.throttle_queue_wait, "throttle_queue_wait_seconds"),
+            (&m.throttle_rejections, "throttle_rejections_total"),
+            (&m.slots_in_use, "slots_in_use"),
+            (&m.slot_limit, "slot_limit"),
+            (&m.pd_prefill, "pd_prefill_total"),
+            (&m.global_requests, "global_requests_total"),
+            (&m.split_requests, "split_requests_total"),
+            (&m.decisions, "routing_decisions_total"),
+            (&m.prefix_tokens, "prefix_tokens_total"),
+            (&m.engine_tokens, "prefix_engine_tokens_total"),
+            (&m.hit_ratio, "prefix_hit_ratio"),
+            (&m.index_nodes, "prefix_index_nodes"),
+            (&m.index_bytes, "prefix_index_bytes"),
+            (&m.index_evicted_bytes, "prefix_index_evicted_bytes"),
+            (&m.sessions, "sessions"),
+            (&m.decision_total, "decision_total"),
+            (&m.decision_latency, "decision_latency_seconds"),
+            (&m.available, "instance_available"),
+            (&m.ejections, "instance_ejections"),
+            (&m.reloads, "config_reloads_total"),
+            (&m.reload_ok, "config_last_reload_success"),
+            (&m.protocol_errors, "protocol_errors_total"),
+            (&m.mirror_requests, "mirror_requests_total"),
+            (&m.mirror_latency, "mirror_latency_seconds"),
+            (&m.mirror_queue, "mirror_queue_depth"),
+            (&m.mirror_inflight, "mirror_inflight"),
+            (&m.tenants.requests, "tenant_requests_total"),
+            (&m.tenants.tokens, "tenant_tokens_total"),
+            (&m.tenants.rejections, "tenant_rejections_total"),
+            (&m.tenants.queue_wait, "queue_wait_by_class_seconds"),
+        ];
+        for (c, name) in fields {
+            assert_eq!(c.desc()[0].fq_name, format!("tokengate_{name}"));
+        }
+        assert_eq!(m.reload_ok.get(), 1);
     }
 }
