@@ -213,6 +213,38 @@ fn attr<'a>(kv: &'a [KeyValue], key: &str) -> Option<&'a Value> {
         .and_then(|v| v.value.as_ref())
 }
 
+/// A streamed chat's two spans: the server span (named `chat m`) and its upstream attempt.
+fn server_and_attempt(spans: &[Span]) -> (&Span, &Span) {
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SERVER)
+        .expect("a server span");
+    let attempt = spans
+        .iter()
+        .find(|s| s.kind == CLIENT)
+        .expect("an attempt span");
+    assert_eq!(server.name, "chat m");
+    (server, attempt)
+}
+
+/// The GenAI attributes of a chat with model `m` against the mock upstream, whose usage chunk
+/// says 7 prompt tokens (4 cached) and 5 completion tokens.
+fn assert_mock_chat_attrs(a: &[KeyValue]) {
+    assert_eq!(
+        str_attr(a, "gen_ai.operation.name").as_deref(),
+        Some("chat")
+    );
+    assert_eq!(
+        str_attr(a, "gen_ai.provider.name").as_deref(),
+        Some("openai")
+    );
+    assert_eq!(str_attr(a, "gen_ai.request.model").as_deref(), Some("m"));
+    assert_eq!(str_attr(a, "gen_ai.response.model").as_deref(), Some("m"));
+    assert_eq!(int_attr(a, "gen_ai.usage.input_tokens"), Some(7));
+    assert_eq!(int_attr(a, "gen_ai.usage.output_tokens"), Some(5));
+    assert_eq!(int_attr(a, "gen_ai.usage.cache_read.input_tokens"), Some(4));
+}
+
 fn str_attr(kv: &[KeyValue], key: &str) -> Option<String> {
     match attr(kv, key) {
         Some(Value::StringValue(s)) => Some(s.clone()),
@@ -301,31 +333,10 @@ async fn a_streamed_chat_is_one_server_span_with_genai_attributes_and_an_attempt
     assert_eq!(parts[3], "01", "sampled: {tp}");
     let spans = col.wait_trace(parts[1], 2).await;
     assert_eq!(spans.len(), 2, "{spans:#?}");
-    let server = spans
-        .iter()
-        .find(|s| s.kind == SERVER)
-        .expect("a server span");
-    let attempt = spans
-        .iter()
-        .find(|s| s.kind == CLIENT)
-        .expect("an attempt span");
-    assert_eq!(server.name, "chat m");
+    let (server, attempt) = server_and_attempt(&spans);
     assert!(server.parent_span_id.is_empty(), "a root span");
     let a = &server.attributes;
-    assert_eq!(
-        str_attr(a, "gen_ai.operation.name").as_deref(),
-        Some("chat")
-    );
-    assert_eq!(
-        str_attr(a, "gen_ai.provider.name").as_deref(),
-        Some("openai")
-    );
-    assert_eq!(str_attr(a, "gen_ai.request.model").as_deref(), Some("m"));
-    assert_eq!(str_attr(a, "gen_ai.response.model").as_deref(), Some("m"));
-    // The mock's usage chunk: 7 prompt tokens (4 cached), 5 completion tokens.
-    assert_eq!(int_attr(a, "gen_ai.usage.input_tokens"), Some(7));
-    assert_eq!(int_attr(a, "gen_ai.usage.output_tokens"), Some(5));
-    assert_eq!(int_attr(a, "gen_ai.usage.cache_read.input_tokens"), Some(4));
+    assert_mock_chat_attrs(a);
     assert_eq!(str_attr(a, "server.address").as_deref(), Some("127.0.0.1"));
     assert_eq!(
         int_attr(a, "server.port"),
@@ -890,29 +901,9 @@ async fn over_grpc_a_streamed_chat_reaches_the_collector_with_its_headers_as_met
     assert_eq!(parts.len(), 4, "{tp}");
     let spans = col.wait_trace(parts[1], 2).await;
     assert_eq!(spans.len(), 2, "{spans:#?}");
-    let server = spans
-        .iter()
-        .find(|s| s.kind == SERVER)
-        .expect("a server span");
-    let attempt = spans
-        .iter()
-        .find(|s| s.kind == CLIENT)
-        .expect("an attempt span");
-    assert_eq!(server.name, "chat m");
+    let (server, attempt) = server_and_attempt(&spans);
     let a = &server.attributes;
-    assert_eq!(
-        str_attr(a, "gen_ai.operation.name").as_deref(),
-        Some("chat")
-    );
-    assert_eq!(
-        str_attr(a, "gen_ai.provider.name").as_deref(),
-        Some("openai")
-    );
-    assert_eq!(str_attr(a, "gen_ai.request.model").as_deref(), Some("m"));
-    assert_eq!(str_attr(a, "gen_ai.response.model").as_deref(), Some("m"));
-    assert_eq!(int_attr(a, "gen_ai.usage.input_tokens"), Some(7));
-    assert_eq!(int_attr(a, "gen_ai.usage.output_tokens"), Some(5));
-    assert_eq!(int_attr(a, "gen_ai.usage.cache_read.input_tokens"), Some(4));
+    assert_mock_chat_attrs(a);
     assert_eq!(int_attr(a, "http.response.status_code"), Some(200));
     assert!(
         server.events.iter().any(|e| e.name == "gen_ai.first_token"),
