@@ -213,6 +213,34 @@ fn attr<'a>(kv: &'a [KeyValue], key: &str) -> Option<&'a Value> {
         .and_then(|v| v.value.as_ref())
 }
 
+/// Sends `n` streamed chats (each must complete) through a gateway whose collector cannot
+/// take them: every span (two per request: the request, its attempt) ends counted as dropped
+/// by a failed export, none as exported. Returns the metrics text at the end.
+async fn streams_complete_and_every_span_drops(gw: &GatewayProc, n: u32, to: &str) -> String {
+    for _ in 0..n {
+        let r = stream_chat(gw, None).await;
+        let body = r.text().await.unwrap();
+        assert!(body.contains("[DONE]"), "{body}");
+    }
+    eventually(
+        &format!("every span to {to} counted as dropped"),
+        || async {
+            let m = gw.metrics().await;
+            metric(
+                &m,
+                "tokengate_trace_spans_total{outcome=\"dropped_export_failed\"}",
+            ) == Some(f64::from(2 * n))
+        },
+    )
+    .await;
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tokengate_trace_spans_total{outcome=\"exported\"}"),
+        Some(0.0)
+    );
+    m
+}
+
 /// A streamed chat's two spans: the server span (named `chat m`) and its upstream attempt.
 fn server_and_attempt(spans: &[Span]) -> (&Span, &Span) {
     let server = spans
@@ -842,25 +870,7 @@ async fn a_dead_collector_changes_nothing_for_clients_and_drops_are_counted() {
         service("m", &[("e1", engine.addr)])
     ));
     let n = 20;
-    for _ in 0..n {
-        let r = stream_chat(&gw, None).await;
-        let body = r.text().await.unwrap();
-        assert!(body.contains("[DONE]"), "{body}");
-    }
-    // Two spans per request (the request, its attempt), all dropped by failed exports.
-    eventually("every span counted as dropped", || async {
-        let m = gw.metrics().await;
-        metric(
-            &m,
-            "tokengate_trace_spans_total{outcome=\"dropped_export_failed\"}",
-        ) == Some(f64::from(2 * n))
-    })
-    .await;
-    let m = gw.metrics().await;
-    assert_eq!(
-        metric(&m, "tokengate_trace_spans_total{outcome=\"exported\"}"),
-        Some(0.0)
-    );
+    let m = streams_complete_and_every_span_drops(&gw, n, "the dead collector").await;
     // The status page shows the same.
     let status: serde_json::Value = reqwest::get(gw.admin_url("/admin/status"))
         .await
@@ -972,27 +982,7 @@ async fn over_grpc_a_dead_or_silent_collector_changes_nothing_for_clients() {
             &[("RUST_LOG", "info,tokengate::otel=debug")],
         );
         let n = 10;
-        for _ in 0..n {
-            let r = stream_chat(&gw, None).await;
-            let body = r.text().await.unwrap();
-            assert!(body.contains("[DONE]"), "{body}");
-        }
-        eventually(
-            &format!("every span to {collector} counted as dropped"),
-            || async {
-                let m = gw.metrics().await;
-                metric(
-                    &m,
-                    "tokengate_trace_spans_total{outcome=\"dropped_export_failed\"}",
-                ) == Some(f64::from(2 * n))
-            },
-        )
-        .await;
-        let m = gw.metrics().await;
-        assert_eq!(
-            metric(&m, "tokengate_trace_spans_total{outcome=\"exported\"}"),
-            Some(0.0)
-        );
+        let m = streams_complete_and_every_span_drops(&gw, n, &collector.to_string()).await;
         assert_eq!(requests(&m, 200), f64::from(n));
         // Why each export failed: the silent one ended by `timeout`.
         eventually("the failed export logged", || {
