@@ -66,9 +66,10 @@ impl Default for Adaptive {
 /// What the adaptive comparison said about one holder ([`Adaptive`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Verdict {
-    /// The holder's predicted TTFT, ms.
+    /// The holder's predicted TTFT plus its queueing term, ms.
     pub stay_ms: f64,
-    /// The cheapest move: its candidate, its predicted TTFT and its placement term, ms.
+    /// The cheapest move: its candidate, its predicted TTFT plus queueing term, and its
+    /// placement term, ms.
     pub to: Option<(usize, f64, f64)>,
 }
 
