@@ -212,20 +212,21 @@ impl Scorer for PredictedTtftScorer {
         if self.stay_or_move.is_some() {
             self.model.utilization(cands, &mut est);
         }
+        // The fleet's figures the comparison reads, once per decision (not per candidate).
+        let avg = cands.iter().map(|c| c.inflight_tokens).sum::<u64>() as f64
+            / cands.len().max(1) as f64;
+        let any_fits = cands.iter().any(|c| c.kv_fits(req.prompt_tokens));
         let stays = |i: usize| {
             let Some(a) = &self.stay_or_move else {
                 return false;
             };
             let c = &cands[i];
-            if req.matched(c) == 0 || c.waiting > a.waiting_cap {
+            if req.matched(c) == 0
+                || c.waiting > a.waiting_cap
+                || c.inflight_tokens as f64 > avg * (1.0 + a.load_tolerance)
+            {
                 return false;
             }
-            let avg = cands.iter().map(|c| c.inflight_tokens).sum::<u64>() as f64
-                / cands.len().max(1) as f64;
-            if c.inflight_tokens as f64 > avg * (1.0 + a.load_tolerance) {
-                return false;
-            }
-            let any_fits = cands.iter().any(|c| c.kv_fits(req.prompt_tokens));
             adaptive_verdict(req, cands, &est, a, i, any_fits, Others::HoldingLess).stays()
         };
         for (i, (k, e)) in keep.iter_mut().zip(&est).enumerate() {
