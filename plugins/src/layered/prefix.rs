@@ -77,11 +77,10 @@ impl Stage for PrefixStage {
         let mut spilled: Option<usize> = None;
         match p.eligibility {
             Eligibility::Adaptive(a) => {
-                let limit = cx.avg_load * (1.0 + a.load_tolerance);
                 if cx.req.explain {
                     cx.notes.push(format!(
-                        "prefix: eligible if est <= min over those holding less of (est + copy*{}) && load <= avg*(1+{})={limit:.1} && waiting <= {}, hit if matched/{prompt_blocks} >= {:.2}, longest match wins (tie: lower load)",
-                        a.placement, a.load_tolerance, a.waiting_cap, p.min_hit_ratio
+                        "prefix: eligible if est <= min over those holding less of (est + copy*{}) && {}, hit if matched/{prompt_blocks} >= {:.2}, longest match wins (tie: lower load)",
+                        a.placement, a.describe_caps(cx.avg_load), p.min_hit_ratio
                     ));
                 }
                 let prompt = cx.req.prompt_tokens;
@@ -89,7 +88,7 @@ impl Stage for PrefixStage {
                 let best_m = cx.rows.iter().map(|r| r.matched).max().unwrap_or(0);
                 let mut said = String::new();
                 for i in 0..n {
-                    if cx.rows[i].load as f64 > limit || cx.cands[i].waiting > a.waiting_cap {
+                    if a.over_caps(cx.rows[i].load as f64, cx.avg_load, cx.cands[i].waiting) {
                         cx.rows[i].ineligible = true;
                         continue;
                     }
