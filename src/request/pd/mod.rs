@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod prefill;
-mod side;
+pub(super) mod side;
 #[cfg(test)]
 mod tests;
 
