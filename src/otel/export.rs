@@ -123,7 +123,7 @@ impl Exporter {
                     .with_headers(s.otlp.headers.clone().into_iter().collect())
                     .build()
                     .map_err(|e| format!("tracing.otlp.endpoint: {e}"))?;
-                exporter.set_resource(&resource);
+                exporter.set_resource(resource);
                 Exporter::Ready(exporter)
             }
             OtlpProtocol::Grpc => {

@@ -235,8 +235,6 @@ impl Attempt {
     }
 }
 
-/// Waits (briefly) for the prefill's outcome after the decode answered `status`: a decode
-
 /// Asks an SGLang engine to abort request `rid` (fire and forget). The other side of a pair
 /// may not have reached its engine yet when the abort is sent (both are sent at once): an
 /// abort of an unknown id does nothing, and that request would then wait out its KV timeout.
