@@ -12,7 +12,7 @@
 //!   the instance on the `events` channel; every other replica inserts them in its own
 //!   index within a millisecond or so. The self-correcting trims travel the same way.
 //! * **In-flight load** — every `heartbeat / 10` a replica publishes its in-flight figures per
-//!   instance and reads the others' ([`Cluster::sync_load`]); the scheduler compares instances
+//!   instance and reads the others' ([`Cluster::sync`]); the scheduler compares instances
 //!   on the fleet's sum.
 //! * **Throttling slots as leases** — with `throttling` on a service, a slot of an instance
 //!   is also a member of the instance's lease set (`lease:<service>:<instance>:<phase>`)
@@ -72,20 +72,27 @@ return 0
 ";
 
 /// The heartbeat: the replica's score in the replica set, the departed dropped, and the
-/// renewal of its live leases (KEYS[2..] their sets, ARGV[4..] their members).
+/// renewal of its live leases (KEYS[3..] their sets, ARGV[5..] their members).
 /// KEYS[1] the replica set; ARGV replica id, lease ms, forget-after ms. A lease is renewed
 /// only while it is there (a lease released meanwhile is not brought back), except when the
 /// replica itself was not registered: Redis lost its data (restarted empty) or forgot the
 /// replica, and its live leases are added again, so the fleet counts the requests that still
 /// hold them (one released while the heartbeat was under way is removed again after it).
-/// Returns 1 when it re-registered, else 0.
+/// KEYS[2] is the store's epoch: a random value the first replica to find it absent sets
+/// (ARGV[4] its proposal); a replica that sees it change knows Redis lost its data.
+/// Returns {1 when it re-registered else 0, the epoch}.
 const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local fresh = redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
+local epoch = redis.call('GET', KEYS[2])
+if not epoch then
+  epoch = ARGV[4]
+  redis.call('SET', KEYS[2], epoch)
+end
 local ttl = tonumber(ARGV[2])
-for i = 2, #KEYS do
+for i = 3, #KEYS do
   if fresh == 1 then
     redis.call('ZADD', KEYS[i], now + ttl, ARGV[i + 2])
   else
@@ -93,7 +100,7 @@ for i = 2, #KEYS do
   end
   redis.call('PEXPIRE', KEYS[i], ttl * 2)
 end
-return fresh
+return {fresh, epoch}
 ";
 
 /// The replica set with Redis's time: `{now, id, score, id, score, ...}`.
@@ -105,11 +112,12 @@ table.insert(r, 1, tostring(now))
 return r
 ";
 
-/// Publishes this replica's in-flight figures per instance (ARGV[4..]: instance, "r,t,w,p")
-/// and returns every other registered replica's, flat. KEYS[1] the replica set; ARGV key
-/// prefix, replica id, ms to keep them.
-const LOAD_SYNC: &str = r"
-local own = ARGV[1] .. ':load:' .. ARGV[2]
+/// Publishes this replica's figures (ARGV[4..]: field, value) in its hash `ARGV[1] ..
+/// replica id` and returns every other registered replica's, flat. KEYS[1] the replica set;
+/// ARGV the hashes' prefix (`<prefix>:load:` for the in-flight figures per instance,
+/// `<prefix>:fair:` for the throttling queues' figures per flow), replica id, ms to keep them.
+const SYNC: &str = r"
+local own = ARGV[1] .. ARGV[2]
 redis.call('DEL', own)
 if #ARGV > 3 then
   local args = {}
@@ -120,7 +128,7 @@ end
 local out = {}
 for _, r in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   if r ~= ARGV[2] then
-    local h = redis.call('HGETALL', ARGV[1] .. ':load:' .. r)
+    local h = redis.call('HGETALL', ARGV[1] .. r)
     for i = 1, #h do out[#out + 1] = h[i] end
   end
 end
@@ -206,6 +214,29 @@ redis.call('PEXPIRE', KEYS[1], 120000)
 return 1
 ";
 
+/// Separates the service and the flow in the field of a flow's figures.
+const FIELD_SEP: char = '\u{1f}';
+
+/// One flow of one service's throttling queue, as this replica publishes it: tokens served
+/// (decayed), requests waiting, their best class (0 first).
+#[derive(Debug, Clone)]
+pub struct FlowFigures {
+    pub service: String,
+    pub flow: String,
+    pub served: f64,
+    pub backlog: u64,
+    pub class: u8,
+}
+
+/// What [`Cluster::sync`] reads: the other replicas' in-flight figures by instance id, and
+/// their queues' figures by (service, flow): tokens served, requests waiting, best class
+/// of those (`u8::MAX`: none waiting).
+#[derive(Debug, Default)]
+pub struct Synced {
+    pub load: HashMap<String, [u64; 4]>,
+    pub fair: HashMap<(String, String), (f64, u64, u8)>,
+}
+
 /// A tenant's limits as the fleet-wide script takes them (0: no such limit).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TenantLimits {
@@ -256,6 +287,8 @@ impl TenantHold {
     /// used), off the request's path, and gives the lease back.
     pub fn settle(mut self, give_back: [i64; 3]) {
         self.lease = None;
+        self.cluster
+            .charged(&self.key, self.limits.per_minute, give_back.map(|g| -g));
         let l = self.limits.per_minute;
         if give_back
             .iter()
@@ -373,7 +406,7 @@ impl ClusterMetrics {
                 calls.with_label_values(&[op, result]);
             }
         }
-        for what in ["session", "lease", "tenant"] {
+        for what in ["session", "lease", "tenant", "fairness"] {
             fallbacks.with_label_values(&[what]);
         }
         for kind in ["placed", "trimmed", "released"] {
@@ -423,7 +456,7 @@ impl ClusterMetrics {
                 },
             },
             "events_applied": {"placed": applied("placed"), "trimmed": applied("trimmed"), "released": applied("released")},
-            "local_fallbacks": {"session": fallback("session"), "lease": fallback("lease"), "tenant": fallback("tenant")},
+            "local_fallbacks": {"session": fallback("session"), "lease": fallback("lease"), "tenant": fallback("tenant"), "fairness": fallback("fairness")},
             "writes_dropped": self.dropped.get(),
         })
     }
@@ -452,8 +485,51 @@ pub struct Cluster {
     tenant_script: redis::Script,
     heartbeat_script: redis::Script,
     members_script: redis::Script,
-    load_script: redis::Script,
+    sync_script: redis::Script,
+    /// The store's epoch as last seen (see [`HEARTBEAT`]).
+    epoch: Mutex<Option<String>>,
+    /// What this replica charged to each tenant's fleet-wide buckets lately, by bucket key.
+    usage: Mutex<HashMap<String, Usage>>,
     m: ClusterMetrics,
+}
+
+/// A replica's charges to one tenant's fleet-wide buckets (requests, input, output) over the
+/// last minute, in 10 s slots: its share of the minute, written back to a Redis that lost
+/// its data ([`Cluster::restore_usage`]).
+#[derive(Debug, Default)]
+struct Usage {
+    limits: [u64; 3],
+    slots: [(u64, [i64; 3]); USAGE_SLOTS],
+}
+
+const USAGE_SLOT_MS: u64 = 10_000;
+const USAGE_SLOTS: usize = 6;
+
+impl Usage {
+    fn add(&mut self, now_ms: u64, d: [i64; 3]) {
+        let slot = now_ms / USAGE_SLOT_MS;
+        let s = &mut self.slots[(slot % USAGE_SLOTS as u64) as usize];
+        if s.0 != slot {
+            *s = (slot, [0; 3]);
+        }
+        for (a, b) in s.1.iter_mut().zip(d) {
+            *a += b;
+        }
+    }
+
+    /// The charges of the last minute (the current slot and the five before it).
+    fn minute(&self, now_ms: u64) -> [i64; 3] {
+        let now = now_ms / USAGE_SLOT_MS;
+        let mut sum = [0i64; 3];
+        for (slot, d) in &self.slots {
+            if *slot <= now && now - *slot < USAGE_SLOTS as u64 {
+                for (a, b) in sum.iter_mut().zip(d) {
+                    *a += b;
+                }
+            }
+        }
+        sum
+    }
 }
 
 impl std::fmt::Debug for Cluster {
@@ -554,7 +630,9 @@ impl Cluster {
             tenant_script: redis::Script::new(TENANT_ADMIT),
             heartbeat_script: redis::Script::new(HEARTBEAT),
             members_script: redis::Script::new(MEMBERS),
-            load_script: redis::Script::new(LOAD_SYNC),
+            sync_script: redis::Script::new(SYNC),
+            epoch: Mutex::new(None),
+            usage: Mutex::new(HashMap::new()),
             m,
         }))
     }
@@ -807,6 +885,8 @@ impl Cluster {
         self.m.rtt.observe(t.elapsed().as_secs_f64());
         match r {
             Some((1, _, _, session, r, i, o)) => {
+                let charge = [1, input, output].map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+                self.charged(&key, limits.per_minute, charge);
                 let lease = (limits.concurrency > 0).then(|| {
                     self.leases.lock().insert(id, (lease_key, member));
                     Lease {
@@ -847,43 +927,147 @@ impl Cluster {
         (self.heartbeat / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
     }
 
-    /// Publishes this replica's in-flight figures (`[requests, tokens, waiting, prefill
-    /// tokens]` by instance id, the non-zero ones) and returns the sum of the other
-    /// replicas' by instance id; `None` when Redis is not usable (nothing is known then).
-    pub async fn sync_load(&self, own: &[(String, [u64; 4])]) -> Option<HashMap<String, [u64; 4]>> {
+    /// Publishes this replica's figures and reads the other replicas' in one pipelined
+    /// round trip: its in-flight figures (`[requests, tokens, waiting, prefill tokens]` by
+    /// instance id, the non-zero ones) and its throttling queues' figures by service and
+    /// flow ([`FlowFigures`]). Returns the other replicas' sums; `None` when Redis is not
+    /// usable (nothing is known then).
+    pub async fn sync(&self, load: &[(String, [u64; 4])], fair: &[FlowFigures]) -> Option<Synced> {
         if !self.usable() {
             return None;
         }
-        let script = self.load_script.clone();
         let replicas = self.key("replicas");
         let keep = (self.load_every() * 5).as_millis() as u64;
-        let (prefix, id) = (self.prefix.clone(), self.replica.clone());
-        let args: Vec<String> = own
+        let (load_hashes, fair_hashes) = (self.key("load:"), self.key("fair:"));
+        let load_args: Vec<String> = load
             .iter()
             .flat_map(|(i, v)| [i.clone(), format!("{},{},{},{}", v[0], v[1], v[2], v[3])])
             .collect();
-        let flat = self
+        let fair_args: Vec<String> = fair
+            .iter()
+            .flat_map(|f| {
+                [
+                    format!("{}{FIELD_SEP}{}", f.service, f.flow),
+                    format!("{},{},{}", f.served.round() as u64, f.backlog, f.class),
+                ]
+            })
+            .collect();
+        let id = self.replica.clone();
+        let script = self.sync_script.clone();
+        let (load_flat, fair_flat) = self
             .call("load", |mut c| async move {
-                let mut inv = script.key(&replicas);
-                inv.arg(&prefix).arg(&id).arg(keep);
-                for a in &args {
-                    inv.arg(a);
+                let mut p = redis::pipe();
+                for (hashes, args) in [(&load_hashes, &load_args), (&fair_hashes, &fair_args)] {
+                    p.cmd("EVALSHA")
+                        .arg(script.get_hash())
+                        .arg(1)
+                        .arg(&replicas)
+                        .arg(hashes)
+                        .arg(&id)
+                        .arg(keep)
+                        .arg(args);
                 }
-                inv.invoke_async::<Vec<String>>(&mut c).await
+                match p.query_async::<(Vec<String>, Vec<String>)>(&mut c).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        // A Redis that restarted: load the script, then again.
+                        script.load_async(&mut c).await?;
+                        p.query_async(&mut c).await
+                    }
+                    r => r,
+                }
             })
             .await?;
-        let mut sum: HashMap<String, [u64; 4]> = HashMap::new();
-        for p in flat.chunks_exact(2) {
+        let mut out = Synced::default();
+        for p in load_flat.chunks_exact(2) {
             let mut v = [0u64; 4];
             for (slot, x) in v.iter_mut().zip(p[1].split(',')) {
                 *slot = x.parse().unwrap_or(0);
             }
-            let e = sum.entry(p[0].clone()).or_default();
+            let e = out.load.entry(p[0].clone()).or_default();
             for (a, b) in e.iter_mut().zip(v) {
                 *a += b;
             }
         }
-        Some(sum)
+        for p in fair_flat.chunks_exact(2) {
+            let Some((service, flow)) = p[0].split_once(FIELD_SEP) else {
+                continue;
+            };
+            let mut it = p[1].split(',').map(|x| x.parse::<u64>().unwrap_or(0));
+            let (served, backlog, class) = (
+                it.next().unwrap_or(0),
+                it.next().unwrap_or(0),
+                it.next().unwrap_or(u64::from(u8::MAX)),
+            );
+            let e = out
+                .fair
+                .entry((service.to_string(), flow.to_string()))
+                .or_insert((0.0, 0, u8::MAX));
+            e.0 += served as f64;
+            e.1 += backlog;
+            if backlog > 0 {
+                e.2 = e.2.min(class.min(u64::from(u8::MAX)) as u8);
+            }
+        }
+        Some(out)
+    }
+
+    /// Requests whose place in a throttling queue was decided on this replica's figures only
+    /// (Redis away): counted in `tokengate_cluster_local_fallbacks_total{what="fairness"}`.
+    pub fn fairness_fallbacks(&self, n: u64) {
+        self.m.fallbacks.with_label_values(&["fairness"]).inc_by(n);
+    }
+
+    /// Notes a charge to a tenant's fleet-wide buckets (`key`; requests, input, output
+    /// tokens; negative: given back) in this replica's share of the minute.
+    fn charged(&self, key: &str, limits: [u64; 3], d: [i64; 3]) {
+        if d == [0; 3] {
+            return;
+        }
+        let now = crate::clock::now_ms();
+        let mut u = self.usage.lock();
+        match u.get_mut(key) {
+            Some(e) => {
+                e.limits = limits;
+                e.add(now, d);
+            }
+            None => {
+                let mut e = Usage {
+                    limits,
+                    ..Usage::default()
+                };
+                e.add(now, d);
+                u.insert(key.to_string(), e);
+            }
+        }
+    }
+
+    /// Redis lost its data (its epoch changed): every tenant's buckets would start full, a
+    /// fresh minute for all. Writes back this replica's share of the last minute's charges
+    /// (each replica does, so the buckets hold the fleet's), off the request's path.
+    fn restore_usage(&self) {
+        let now = crate::clock::now_ms();
+        let writes: Vec<(String, [u64; 3], [i64; 3])> = {
+            let mut u = self.usage.lock();
+            u.retain(|_, e| e.minute(now) != [0; 3]);
+            u.iter()
+                .map(|(k, e)| (k.clone(), e.limits, e.minute(now)))
+                .collect()
+        };
+        for (key, limits, used) in &writes {
+            self.send(Op::Settle {
+                key: key.clone(),
+                limits: *limits,
+                give_back: used.map(|u| -u.max(0)),
+            });
+        }
+        info!(
+            "cluster: Redis at {} lost its data (restarted empty?): wrote back this replica's share of the last minute of {} tenant(s)",
+            self.url,
+            writes.len()
+        );
     }
 
     /// Leases this replica holds now.
@@ -1000,16 +1184,18 @@ async fn heartbeat_loop(c: &Arc<Cluster>, mut stop: pingora::server::ShutdownWat
             .collect();
         let script = c.heartbeat_script.clone();
         let (replicas, id, lease_ms) = (c.key("replicas"), c.replica.clone(), c.lease_ms);
+        let (epoch_key, proposal) = (c.key("epoch"), uuid::Uuid::new_v4().simple().to_string());
         let conn = c.conn.get().cloned();
         let r = match conn {
             Some(mut conn) => {
                 let call = async move {
                     let mut inv = script.key(&replicas);
-                    inv.arg(&id).arg(lease_ms).arg(forget);
+                    inv.key(&epoch_key);
+                    inv.arg(&id).arg(lease_ms).arg(forget).arg(&proposal);
                     for (k, m) in &leases {
                         inv.key(k).arg(m);
                     }
-                    inv.invoke_async::<i64>(&mut conn).await
+                    inv.invoke_async::<(i64, String)>(&mut conn).await
                 };
                 // The heartbeat may wait longer than a request would (a busy Redis).
                 tokio::time::timeout(c.timeout.max(Duration::from_millis(250)) * 2, call).await
@@ -1017,9 +1203,17 @@ async fn heartbeat_loop(c: &Arc<Cluster>, mut stop: pingora::server::ShutdownWat
             None => return,
         };
         let next = match r {
-            Ok(Ok(fresh)) => {
+            Ok(Ok((fresh, epoch))) => {
                 c.answered("heartbeat");
                 c.recovered();
+                let lost = {
+                    let mut known = c.epoch.lock();
+                    let was = known.replace(epoch.clone());
+                    was.is_some_and(|w| w != epoch)
+                };
+                if lost {
+                    c.restore_usage();
+                }
                 if fresh == 1 {
                     // Re-registered: the script added back every lease of the snapshot; one
                     // given back since (its removal may have reached Redis first) goes again.
@@ -1165,5 +1359,23 @@ impl Cluster {
     /// Counts an applied event of another replica (`placed`, `trimmed`, `released`).
     pub fn count_applied(&self, kind: &str) {
         self.m.applied.with_label_values(&[kind]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replicas_share_of_the_minute_forgets_what_is_older() {
+        let mut u = Usage::default();
+        let t0 = 1_000_000_000;
+        u.add(t0, [1, 100, 10]);
+        u.add(t0 + 30_000, [1, 50, 5]);
+        u.add(t0 + 30_001, [0, -20, 0]); // settled: used less than reserved
+        assert_eq!(u.minute(t0 + 30_002), [2, 130, 15]);
+        // A minute on, the first charge is out of the window.
+        assert_eq!(u.minute(t0 + 61_000), [1, 30, 5]);
+        assert_eq!(u.minute(t0 + 100_000), [0; 3]);
     }
 }
