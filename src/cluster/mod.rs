@@ -11,9 +11,11 @@
 //! * **Prefix placements** — each dispatch publishes the prompt's chained block hashes and
 //!   the instance on the `events` channel; every other replica inserts them in its own
 //!   index within a millisecond or so. The self-correcting trims travel the same way.
-//! * **In-flight load** — every `heartbeat / 10` a replica publishes its in-flight figures per
-//!   instance and reads the others' ([`Cluster::sync`]); the scheduler compares instances
-//!   on the fleet's sum.
+//! * **In-flight load and fair shares** — every `heartbeat / 10` a replica publishes its
+//!   in-flight figures per instance and its throttling queues' figures per tenant (tokens
+//!   granted, decayed; requests waiting) and reads the others', in one pipelined round trip
+//!   ([`Cluster::sync`]); the scheduler compares instances on the fleet's sum, the queues
+//!   order tenants by the fleet's service ([`crate::throttle`]).
 //! * **Throttling slots as leases** — with `throttling` on a service, a slot of an instance
 //!   is also a member of the instance's lease set (`lease:<service>:<instance>:<phase>`)
 //!   taken by an atomic script only while the set holds fewer than the limit: a limit of N
@@ -30,8 +32,9 @@
 //! local limits still hold per replica) and make no Redis call at all; the heartbeat loop
 //! probes Redis with a growing backoff and, when it answers, the replica is back (one
 //! line in the log). A Redis restarted empty fills again from live traffic; each replica's
-//! first heartbeat to it adds back the leases its running requests hold (and a tenant's
-//! per-minute buckets start full).
+//! first heartbeat to it adds back the leases its running requests hold, and a replica that
+//! sees the store's epoch change writes back its share of the last minute's charges to
+//! each tenant's buckets (`Cluster::restore_usage`), so they do not start a fresh minute.
 
 pub mod wire;
 
