@@ -410,17 +410,15 @@ impl Throttle {
         (out, std::mem::take(&mut q.granted))
     }
 
-    /// The other replicas' figures per flow (empty: Redis away, fair per replica); the head
-    /// looks again at once.
+    /// The other replicas' figures per flow (empty: Redis away, fair per replica). No wake:
+    /// a yielding head looks again every `YIELD_RECHECK` anyway, and new figures cannot
+    /// free a slot for one that is not.
     pub fn set_fleet(&self, remote: HashMap<String, Remote>) {
         let mut q = self.queue.lock();
         if q.remote.is_empty() && remote.is_empty() {
             return;
         }
         q.remote = remote;
-        if let Some(w) = q.waiters.front() {
-            w.wake.notify_one();
-        }
     }
 }
 
