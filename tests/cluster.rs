@@ -949,6 +949,27 @@ async fn tenants_share_the_fleet_fairly_whichever_replica_they_use() {
         );
         assert_eq!(fallbacks, Some(0.0), "fair on local figures only:\n{m}");
     }
+    // Redis away: each replica's queue is fair on its own figures, counted as fallbacks.
+    drop(redis);
+    eventually("r1 says cluster: degraded", || async {
+        gws[0].instances().await["cluster"]["summary"] == "cluster: degraded"
+    })
+    .await;
+    done.lock().clear();
+    let queued: Vec<_> = (0..6)
+        .map(|i| send(&gws[0], "sk-l", "l", 100 + i))
+        .collect();
+    for t in queued {
+        t.await.unwrap();
+    }
+    eventually("queued requests counted as local fallbacks", || async {
+        metric(
+            &gws[0].metrics().await,
+            "tokengate_cluster_local_fallbacks_total{what=\"fairness\"}",
+        )
+        .is_some_and(|n| n >= 1.0)
+    })
+    .await;
 }
 
 /// A Redis restarted empty does not give a tenant a fresh minute: each replica, seeing the
