@@ -30,11 +30,27 @@
 //! the heads that leave. A flow with a deep backlog thus takes turns with a flow that sends
 //! one request, each getting an equal share of the tokens. Without tenants every waiter is
 //! of one flow and one class: FIFO.
+//!
+//! Fleet-wide fairness (`cluster:`, see [`crate::background::cluster`]): each replica counts
+//! the tokens it grants per flow (an exponentially decayed sum, [`SERVED_DECAY`]) and
+//! publishes them with its backlog per flow, off the request path; it reads the other
+//! replicas' in return ([`Throttle::set_fleet`]). Two things use them:
+//! * **order** — a newcomer's place is its tag plus what its flow was served through the
+//!   other replicas beyond the least-served flow queued here, so a tenant served a lot
+//!   through replica A is behind on replica B too;
+//! * **yield** — the head of this replica's queue does not try for a (fleet-wide) slot while
+//!   a flow of its class or a better one waits on another replica having been served fewer
+//!   tokens fleet-wide (by more than the head's cost): that replica, woken by the same
+//!   release, takes it. A head yields at most [`YIELD_MAX`] (stale figures cost no more),
+//!   then tries anyway.
+//!
+//! Without Redis (or while it is away) the figures are empty and the queue is fair per
+//! replica only.
 
 use crate::load::{Limits, LoadSnapshot, SlotPool};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokengate_plugins::Role;
@@ -86,6 +102,56 @@ pub struct Throttle {
     pub decode_pool: Arc<SlotPool>,
     queue: Mutex<Queue>,
     next_id: AtomicU64,
+    /// Part of a cluster (its figures are exchanged): grants are counted per flow.
+    clustered: AtomicBool,
+}
+
+/// The time constant of the decay of the tokens served per flow that the replicas compare
+/// (an older grant counts `e^(-age / SERVED_DECAY)`).
+pub const SERVED_DECAY: Duration = Duration::from_secs(5);
+
+/// The longest the head of a queue waits (yields) for a less-served flow backlogged on
+/// another replica to take the fleet's free slot.
+pub const YIELD_MAX: Duration = Duration::from_millis(500);
+
+/// How often a yielding head looks again (the other replicas' figures may have changed).
+const YIELD_RECHECK: Duration = Duration::from_millis(20);
+
+/// What the other replicas report of one flow of a service: tokens served (decayed, as of
+/// the report), requests waiting, and the best class among them (0 first).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Remote {
+    pub served: f64,
+    pub backlog: u64,
+    pub class: u8,
+}
+
+/// One flow of this replica as [`Throttle::fleet_report`] gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowReport {
+    pub flow: String,
+    pub served: f64,
+    pub backlog: u64,
+    pub class: u8,
+}
+
+/// A decayed sum (see [`SERVED_DECAY`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Decayed {
+    value: f64,
+    at_ms: u64,
+}
+
+impl Decayed {
+    fn at(&self, now_ms: u64) -> f64 {
+        let age = now_ms.saturating_sub(self.at_ms) as f64;
+        self.value * (-age / SERVED_DECAY.as_millis() as f64).exp()
+    }
+
+    fn add(&mut self, x: f64, now_ms: u64) {
+        self.value = self.at(now_ms) + x;
+        self.at_ms = now_ms;
+    }
 }
 
 /// A waiter that has waited this long is overtaken by no newcomer of a higher class (the
@@ -108,6 +174,37 @@ struct Queue {
     vtime: f64,
     /// Each flow's last finish tag (cleared when the queue empties).
     finish: HashMap<String, f64>,
+    /// Tokens granted per flow by this replica (clustered only).
+    served: HashMap<String, Decayed>,
+    /// The other replicas' figures per flow (empty: none known, per-replica fairness).
+    remote: HashMap<String, Remote>,
+    /// The head that yields its turn, and since when.
+    yielding: Option<(u64, std::time::Instant)>,
+    /// Requests granted from the queue since the last [`Throttle::fleet_report`].
+    granted: u64,
+}
+
+impl Queue {
+    /// Tokens served to `flow` fleet-wide (this replica's and the others').
+    fn fleet_served(&self, flow: &str, now_ms: u64) -> f64 {
+        self.served.get(flow).map_or(0.0, |d| d.at(now_ms))
+            + self.remote.get(flow).map_or(0.0, |r| r.served)
+    }
+
+    /// Whether the head `w` should leave the fleet's free slot to a flow that waits on
+    /// another replica having been served less (see the module docs).
+    fn yields(&self, w: &Waiter, now_ms: u64) -> bool {
+        if self.remote.is_empty() {
+            return false;
+        }
+        let mine = self.fleet_served(&w.flow, now_ms);
+        self.remote.iter().any(|(flow, r)| {
+            *flow != w.flow
+                && r.backlog > 0
+                && r.class <= w.class
+                && self.fleet_served(flow, now_ms) + w.cost as f64 <= mine
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -116,14 +213,19 @@ struct Waiter {
     wake: Arc<Notify>,
     class: u8,
     tag: f64,
+    /// The tag plus the flow's service through the other replicas beyond the least-served
+    /// flow queued here: the order within a class.
+    key: f64,
+    flow: String,
+    cost: u64,
     since: std::time::Instant,
 }
 
 impl Waiter {
-    /// Whether a newcomer of `class` and `tag` stays behind this waiter.
-    fn keeps_ahead_of(&self, class: u8, tag: f64) -> bool {
+    /// Whether a newcomer of `class` and order `key` stays behind this waiter.
+    fn keeps_ahead_of(&self, class: u8, key: f64) -> bool {
         self.class < class
-            || (self.class == class && self.tag <= tag)
+            || (self.class == class && self.key <= key)
             || self.since.elapsed() >= STARVATION_GUARD
     }
 }
@@ -157,6 +259,7 @@ impl Throttle {
             decode_pool: Arc::new(SlotPool::default()),
             queue: Mutex::new(Queue::default()),
             next_id: AtomicU64::new(0),
+            clustered: AtomicBool::new(false),
         }
     }
 
@@ -201,10 +304,11 @@ impl Throttle {
         let finish = q.finish.entry(place.flow.clone()).or_insert(0.0);
         let tag = finish.max(q.vtime);
         *finish = tag + place.cost.max(1) as f64;
+        let key = tag + q.behind(&place.flow, place.class);
         let at = q
             .waiters
             .iter()
-            .rposition(|w| w.keeps_ahead_of(place.class, tag))
+            .rposition(|w| w.keeps_ahead_of(place.class, key))
             .map_or(0, |p| p + 1);
         q.waiters.insert(
             at,
@@ -213,6 +317,9 @@ impl Throttle {
                 wake: wake.clone(),
                 class: place.class,
                 tag,
+                key,
+                flow: place.flow.clone(),
+                cost: place.cost.max(1),
                 since: std::time::Instant::now(),
             },
         );
@@ -225,6 +332,93 @@ impl Throttle {
             id,
             wake,
         })
+    }
+}
+
+impl Queue {
+    /// How far behind a newcomer of `flow` goes for what the other replicas served it beyond
+    /// the least-served flow of its class queued here (0 without fleet figures).
+    fn behind(&self, flow: &str, class: u8) -> f64 {
+        if self.remote.is_empty() {
+            return 0.0;
+        }
+        let elsewhere = |f: &str| self.remote.get(f).map_or(0.0, |r| r.served);
+        let least = self
+            .waiters
+            .iter()
+            .filter(|w| w.class == class)
+            .map(|w| elsewhere(&w.flow))
+            .fold(elsewhere(flow), f64::min);
+        elsewhere(flow) - least
+    }
+}
+
+impl Throttle {
+    /// A request of `flow` got a slot without queueing: counted in its flow's service
+    /// (clustered only: the replicas compare it).
+    pub fn served(&self, flow: &str, cost: u64) {
+        if self.clustered.load(Relaxed) {
+            let now = crate::clock::now_ms();
+            let mut q = self.queue.lock();
+            match q.served.get_mut(flow) {
+                Some(d) => d.add(cost.max(1) as f64, now),
+                None => {
+                    let mut d = Decayed::default();
+                    d.add(cost.max(1) as f64, now);
+                    q.served.insert(flow.to_string(), d);
+                }
+            }
+        }
+    }
+
+    /// This replica's figures per flow for the other replicas (tokens served, decayed;
+    /// requests waiting; their best class), and the requests granted from the queue since
+    /// the last report. Marks the throttle as part of a cluster.
+    pub fn fleet_report(&self) -> (Vec<FlowReport>, u64) {
+        self.clustered.store(true, Relaxed);
+        let now = crate::clock::now_ms();
+        let mut guard = self.queue.lock();
+        let q = &mut *guard;
+        // Flows served long ago are forgotten (under a token of weight left).
+        q.served.retain(|_, d| d.at(now) >= 1.0);
+        let mut out: Vec<FlowReport> = q
+            .served
+            .iter()
+            .map(|(flow, d)| FlowReport {
+                flow: flow.clone(),
+                served: d.at(now),
+                backlog: 0,
+                class: u8::MAX,
+            })
+            .collect();
+        for w in &q.waiters {
+            let i = match out.iter().position(|r| r.flow == w.flow) {
+                Some(i) => i,
+                None => {
+                    out.push(FlowReport {
+                        flow: w.flow.clone(),
+                        served: 0.0,
+                        backlog: 0,
+                        class: u8::MAX,
+                    });
+                    out.len() - 1
+                }
+            };
+            out[i].backlog += 1;
+            out[i].class = out[i].class.min(w.class);
+        }
+        (out, std::mem::take(&mut q.granted))
+    }
+
+    /// The other replicas' figures per flow (empty: Redis away, fair per replica). No wake:
+    /// a yielding head looks again every `YIELD_RECHECK` anyway, and new figures cannot
+    /// free a slot for one that is not.
+    pub fn set_fleet(&self, remote: HashMap<String, Remote>) {
+        let mut q = self.queue.lock();
+        if q.remote.is_empty() && remote.is_empty() {
+            return;
+        }
+        q.remote = remote;
     }
 }
 
@@ -273,9 +467,67 @@ impl Ticket {
             .is_some_and(|w| w.id == self.id)
     }
 
-    /// Woken: a slot was released while this waiter was the head (or the head left).
+    /// Whether this waiter may try for a slot now: it is the head, and it does not leave
+    /// the fleet's next slot to a less-served flow waiting on another replica (see the
+    /// module docs; at most [`YIELD_MAX`]).
+    pub fn may_try(&self) -> bool {
+        let mut guard = self.throttle.queue.lock();
+        let q = &mut *guard;
+        let Some(w) = q.waiters.front().filter(|w| w.id == self.id) else {
+            return false;
+        };
+        if !q.yields(w, crate::clock::now_ms()) {
+            q.yielding = None;
+            return true;
+        }
+        match q.yielding {
+            Some((id, since)) if id == self.id => since.elapsed() >= YIELD_MAX,
+            _ => {
+                q.yielding = Some((self.id, std::time::Instant::now()));
+                false
+            }
+        }
+    }
+
+    /// Woken: a slot was released while this waiter was the head (or the head left); a
+    /// head that yields looks again after a short while too.
     pub async fn woken(&self) {
-        self.wake.notified().await
+        let yielding = self
+            .throttle
+            .queue
+            .lock()
+            .yielding
+            .is_some_and(|(id, _)| id == self.id);
+        if yielding {
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(YIELD_RECHECK) => {}
+            }
+        } else {
+            self.wake.notified().await
+        }
+    }
+
+    /// The waiter got its slot: its tokens count as its flow's service (clustered only).
+    pub fn granted(&self) {
+        if !self.throttle.clustered.load(Relaxed) {
+            return;
+        }
+        let now = crate::clock::now_ms();
+        let mut guard = self.throttle.queue.lock();
+        let q = &mut *guard;
+        q.granted += 1;
+        if let Some(w) = q.waiters.iter().find(|w| w.id == self.id) {
+            let cost = w.cost as f64;
+            match q.served.get_mut(&w.flow) {
+                Some(d) => d.add(cost, now),
+                None => {
+                    let mut d = Decayed::default();
+                    d.add(cost, now);
+                    q.served.insert(w.flow.clone(), d);
+                }
+            }
+        }
     }
 
     /// 1-based position in the queue.
@@ -300,6 +552,9 @@ impl Drop for Ticket {
                     q.vtime = q.vtime.max(w.tag);
                 }
             }
+        }
+        if q.yielding.is_some_and(|(id, _)| id == self.id) {
+            q.yielding = None;
         }
         if q.waiters.is_empty() {
             // No backlog: the next one starts every flow even.
@@ -398,5 +653,64 @@ mod tests {
         let inter = t.enqueue_at(&at(0)).unwrap();
         assert!(old.is_head());
         assert_eq!((inter.position(), young.position()), (2, 3));
+    }
+
+    #[test]
+    fn fleet_figures_put_a_flow_served_elsewhere_behind_and_make_a_head_yield() {
+        let t = Arc::new(Throttle::new(settings(100)));
+        let at = |flow: &str| Place {
+            class: 1,
+            flow: flow.into(),
+            cost: 100,
+        };
+        let _ = t.fleet_report();
+        // The other replicas served "h" 1000 tokens; "l" waits there, served nothing.
+        let remote = |backlog| {
+            HashMap::from([
+                (
+                    "h".to_string(),
+                    Remote {
+                        served: 1000.0,
+                        backlog: 0,
+                        class: u8::MAX,
+                    },
+                ),
+                (
+                    "l".to_string(),
+                    Remote {
+                        served: 0.0,
+                        backlog,
+                        class: 1,
+                    },
+                ),
+            ])
+        };
+        t.set_fleet(remote(1));
+        let ls: Vec<Ticket> = (0..3).map(|_| t.enqueue_at(&at("l")).unwrap()).collect();
+        // Alone, "h" would go second; served elsewhere, it goes behind the three.
+        let h = t.enqueue_at(&at("h")).unwrap();
+        assert_eq!(h.position(), 4);
+        drop(ls);
+        assert!(h.is_head());
+        // The head leaves the fleet's slot to "l", waiting elsewhere, for at most YIELD_MAX.
+        assert!(!h.may_try());
+        assert!(!h.may_try());
+        if let Some((_, since)) = t.queue.lock().yielding.as_mut() {
+            *since = std::time::Instant::now().checked_sub(YIELD_MAX).unwrap();
+        }
+        assert!(h.may_try());
+        // "l" no longer waits anywhere: no yield; without figures (Redis away) neither.
+        t.set_fleet(remote(0));
+        assert!(h.may_try());
+        t.set_fleet(remote(1));
+        t.set_fleet(HashMap::new());
+        assert!(h.may_try());
+        // Its grant counts as its flow's service in the report.
+        h.granted();
+        let (flows, granted) = t.fleet_report();
+        assert_eq!(granted, 1);
+        assert!(flows
+            .iter()
+            .any(|f| f.flow == "h" && f.served > 99.0 && f.backlog == 1));
     }
 }

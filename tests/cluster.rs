@@ -877,6 +877,137 @@ async fn leases_come_back_after_redis_restarts_empty() {
     assert!(fleet[0].stats().max_running <= 2, "{:?}", fleet[0].stats());
 }
 
+/// Fleet-wide fairness: under a fleet-wide limit of 2 slots with a backlog, tenant `heavy`
+/// sends 10× tenant `light`, `heavy` mostly through r1 and `light` mostly through r2. Each
+/// replica's queue alone is mostly one tenant (fair per replica, r1 would take most freed
+/// slots for `heavy`); with the fleet's figures r1 leaves the freed slots to `light` while it
+/// was served less fleet-wide, and each gets at least 40 % of the engine's tokens while both
+/// are backlogged (every request the same size: shares of answers are shares of tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_share_the_fleet_fairly_whichever_replica_they_use() {
+    let Some(redis) = Redis::start() else { return };
+    let fleet = vec![slow_sim("e1").await];
+    let tenants = "tenants:\n  - {name: heavy, keys: [sk-h]}\n  - {name: light, keys: [sk-l]}\n";
+    let throttling =
+        "    throttling: {overflow: queue, total: 2, max_queue: 1000, queue_timeout: 60s}\n";
+    let gws = replicas_n(
+        &redis,
+        2,
+        &format!("{tenants}{}", service(&fleet, throttling)),
+    )
+    .await;
+    let done = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<&'static str>::new()));
+    let c = reqwest::Client::new();
+    let send = |g: &GatewayProc, key: &'static str, label: &'static str, i: usize| {
+        let (c, url, done) = (c.clone(), g.url("/v1/chat/completions"), done.clone());
+        let body = chat("", &words(&format!("{label}{i}w"), 40), 16, false);
+        tokio::spawn(async move {
+            let r = c
+                .post(url)
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+            done.lock().push(label);
+        })
+    };
+    // 100 of `heavy`: 90 through r1, 10 through r2.
+    let mut tasks: Vec<_> = (0..100)
+        .map(|i| send(&gws[usize::from(i % 10 == 9)], "sk-h", "h", i))
+        .collect();
+    eventually("r1's queue to fill", || async {
+        metric(
+            &gws[0].metrics().await,
+            "tokengate_throttle_queue_length{service=\"m\"}",
+        )
+        .is_some_and(|q| q >= 60.0)
+    })
+    .await;
+    let before = done.lock().len();
+    // 10 of `light`: 9 through r2, 1 through r1.
+    tasks.extend((0..10).map(|i| send(&gws[usize::from(i != 0)], "sk-l", "l", i)));
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = done.lock().clone();
+    // From the light tenant's arrival to its last answer, both were backlogged.
+    let last = order.iter().rposition(|x| *x == "l").unwrap();
+    let window = &order[before..=last];
+    let light = window.iter().filter(|x| **x == "l").count();
+    let share = light as f64 / window.len() as f64;
+    eprintln!("light share {share:.2} over {window:?}");
+    assert!(share >= 0.4, "light tenant got {share:.2}: {order:?}");
+    assert!(fleet[0].stats().max_running <= 2, "{:?}", fleet[0].stats());
+    for g in &gws {
+        let m = g.metrics().await;
+        let fallbacks = metric(
+            &m,
+            "tokengate_cluster_local_fallbacks_total{what=\"fairness\"}",
+        );
+        assert_eq!(fallbacks, Some(0.0), "fair on local figures only:\n{m}");
+    }
+    // Redis away: each replica's queue is fair on its own figures, counted as fallbacks.
+    drop(redis);
+    eventually("r1 says cluster: degraded", || async {
+        gws[0].instances().await["cluster"]["summary"] == "cluster: degraded"
+    })
+    .await;
+    done.lock().clear();
+    let queued: Vec<_> = (0..6)
+        .map(|i| send(&gws[0], "sk-l", "l", 100 + i))
+        .collect();
+    for t in queued {
+        t.await.unwrap();
+    }
+    eventually("queued requests counted as local fallbacks", || async {
+        metric(
+            &gws[0].metrics().await,
+            "tokengate_cluster_local_fallbacks_total{what=\"fairness\"}",
+        )
+        .is_some_and(|n| n >= 1.0)
+    })
+    .await;
+}
+
+/// A Redis restarted empty does not give a tenant a fresh minute: each replica, seeing the
+/// store's epoch change, writes back its share of the minute's charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_keeps_the_tenants_minute() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let fleet = sims(1, "m", "e", 100.0).await;
+    // 6 a minute: one more every 10 s, longer than the test takes.
+    let tenants = "tenants:\n  - {name: team, keys: [sk-team], limits: {requests_per_minute: 6}}\n";
+    let gws = replicas_n(&redis, 2, &format!("{tenants}{}", service(&fleet, ""))).await;
+    let c = reqwest::Client::new();
+    for i in 0..6 {
+        let body = chat("", &format!("q{i}"), 2, false);
+        let (st, _, _) = send_as(&c, &gws[i % 2], "sk-team", &body).await;
+        assert_eq!(st, 200, "request {i}");
+    }
+    redis.restart_empty();
+    // Each replica writes back its 3: the new bucket holds none of the 6.
+    eventually(
+        "both replicas' shares of the minute written back",
+        || async { redis.hget("t:tenant:team", "r").is_some_and(|l| l < 1.0) },
+    )
+    .await;
+    for (i, g) in gws.iter().enumerate() {
+        eventually("the replica uses Redis again", || async {
+            admin(g, "/admin/cluster").await["state"] == "ok"
+        })
+        .await;
+        let body = chat("", &format!("after {i}"), 2, false);
+        let (st, retry, _) = send_as(&c, g, "sk-team", &body).await;
+        assert_eq!(st, 429, "r{} admitted a request of a spent minute", i + 1);
+        assert!(retry.is_some_and(|s| s >= 1), "Retry-After {retry:?}");
+    }
+}
+
 #[test]
 fn config_errors_name_the_yaml_path() {
     let (ok, err) = check_yaml(

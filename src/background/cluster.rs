@@ -1,9 +1,12 @@
 //! The cluster's background work ([`crate::cluster::run`]) with what applies the other
 //! replicas' events to this replica's state: their placements and trims to the services'
-//! prefix indexes, their released slots to the throttling queues.
+//! prefix indexes, their released slots to the throttling queues; and the exchange of the
+//! replicas' in-flight figures and throttling queues' figures (fleet-wide fairness).
 
-use crate::cluster::{Cluster, Event, Kind};
+use crate::cluster::{Cluster, Event, FlowFigures, Kind};
 use crate::shared::Shared;
+use crate::throttle::Remote;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 pub async fn run(shared: Arc<Shared>, c: Arc<Cluster>, stop: pingora::server::ShutdownWatch) {
@@ -18,9 +21,12 @@ pub async fn run(shared: Arc<Shared>, c: Arc<Cluster>, stop: pingora::server::Sh
     load.abort();
 }
 
-/// Every [`Cluster::load_every`]: this replica's in-flight figures out, the other replicas'
-/// in, into each instance's [`crate::load::RemoteLoad`] (zero while Redis is away: stale
-/// figures would steer requests away from instances that emptied meanwhile).
+/// Every [`Cluster::load_every`], in one round trip: this replica's in-flight figures out,
+/// the other replicas' in, into each instance's [`crate::load::RemoteLoad`] (zero while
+/// Redis is away: stale figures would steer requests away from instances that emptied
+/// meanwhile); and the same for the throttling queues' figures per tenant, into each
+/// queueing service's [`crate::throttle::Throttle::set_fleet`] (none while Redis is away:
+/// fair per replica, the requests granted meanwhile counted as local fallbacks).
 async fn share_load(
     shared: Arc<Shared>,
     c: Arc<Cluster>,
@@ -43,13 +49,53 @@ async fn share_load(
                 (v != [0; 4]).then(|| (i.id.clone(), v))
             })
             .collect();
-        let others = c.sync_load(&own).await;
+        let mut fair = Vec::new();
+        let mut granted = 0;
+        let queues: Vec<_> = rt
+            .ordered
+            .iter()
+            .filter_map(|s| {
+                let t = s.throttle.as_ref()?;
+                (t.settings().overflow == crate::throttle::Overflow::Queue).then_some((s, t))
+            })
+            .collect();
+        for (s, t) in &queues {
+            let (flows, n) = t.fleet_report();
+            granted += n;
+            fair.extend(flows.into_iter().map(|f| FlowFigures {
+                service: s.name.clone(),
+                flow: f.flow,
+                served: f.served,
+                backlog: f.backlog,
+                class: f.class,
+            }));
+        }
+        let mut others = c.sync(&own, &fair).await;
+        if others.is_none() && granted > 0 {
+            c.fairness_fallbacks(granted);
+        }
         for i in rt.ordered.iter().flat_map(|s| s.instances.iter()) {
             let v = others
                 .as_ref()
-                .and_then(|o| o.get(&i.id).copied())
+                .and_then(|o| o.load.get(&i.id).copied())
                 .unwrap_or_default();
             i.remote.set(v);
+        }
+        let mut by_service: HashMap<String, HashMap<String, Remote>> = HashMap::new();
+        if let Some(o) = others.as_mut() {
+            for ((service, flow), (served, backlog, class)) in o.fair.drain() {
+                by_service.entry(service).or_default().insert(
+                    flow,
+                    Remote {
+                        served,
+                        backlog,
+                        class,
+                    },
+                );
+            }
+        }
+        for (s, t) in &queues {
+            t.set_fleet(by_service.remove(&s.name).unwrap_or_default());
         }
         if !crate::clock::sleep_or_stop(c.load_every(), &mut stop).await {
             return;

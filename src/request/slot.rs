@@ -136,6 +136,23 @@ fn service_of(plan: &Plan) -> &str {
     }
 }
 
+/// With `cluster:`, a request of a queueing service that got its slot without queueing
+/// counts in its tenant's service all the same (the replicas compare it: fleet-wide
+/// fairness, [`crate::throttle`]).
+fn served_directly(shared: &Shared, plan: &Plan, headers: &http::HeaderMap) {
+    if shared.cluster.is_none() {
+        return;
+    }
+    if let Dest::Service(s) = &plan.dest {
+        if let Some(t) = s.throttle.as_ref() {
+            if t.settings().overflow == Overflow::Queue {
+                let p = place(plan, headers);
+                t.served(&p.flow, p.cost);
+            }
+        }
+    }
+}
+
 /// Who asks: the client's session (watched while queued: a client that hangs up leaves the
 /// queue), or only its headers (a retry inside the proxy, not watched).
 pub enum Asker<'a> {
@@ -177,7 +194,10 @@ pub async fn take(
     let throttle = match waiting {
         Some(t) => t,
         None => match super::cluster::pick(shared, plan, asker.headers(), tried).await {
-            Ok(leg) => return Ok(Ok(leg)),
+            Ok(leg) => {
+                served_directly(shared, plan, asker.headers());
+                return Ok(Ok(leg));
+            }
             Err(PickError::Unavailable(e)) => return Ok(Err(Denied::unavailable(e))),
             Err(PickError::Throttled(t)) => t,
         },
@@ -207,9 +227,10 @@ pub async fn take(
     let wait = &shared.metrics.throttle_queue_wait;
     let mut watch = matches!(asker, Asker::Client(_));
     loop {
-        if ticket.is_head() {
+        if ticket.may_try() {
             match super::cluster::pick(shared, plan, asker.headers(), tried).await {
                 Ok(leg) => {
+                    ticket.granted();
                     wait.with_label_values(&[&service])
                         .observe(queued_at.elapsed().as_secs_f64());
                     class_wait.observe(queued_at.elapsed().as_secs_f64());
