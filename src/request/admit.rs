@@ -318,7 +318,7 @@ async fn local_endpoint(session: &mut Session, ctx: &mut Ctx, rt: &Runtime) -> R
                 Err(e) => return reject(session, ctx, e.status(), e).await.map(|_| ()),
             };
             ctx.local_status = Some(200);
-            let body = serde_json::to_vec(&rt.models_json(tenant.as_deref())).unwrap_or_default();
+            let body = serde_json::to_vec(&rt.models(tenant.as_deref())).unwrap_or_default();
             respond(session, 200, "application/json", body, &ctx.request_id).await
         }
         ("GET", "/health") => {
