@@ -3,9 +3,10 @@
 //! - `GET /` serves [`assets/index.html`](assets/index.html); `GET /assets/status.css` and
 //!   `/assets/status.js` its style and script (static, embedded in the binary: no build
 //!   step, no CDN, works air-gapped). The script polls `GET /admin/status` every 2 s.
-//! - `GET /admin/status` ([`status_view`], typed in [`view`]): the fleet (every instance with health, its role
-//!   — integrated, prefill or decode — in-flight requests and tokens, prefill / decode phase
-//!   counts, throttling slots, completed / errors, a prefill node's prefill legs by outcome),
+//! - `GET /admin/status` ([`status_view`], typed views in [`view`]): the fleet (every
+//!   instance with health, its role — integrated, prefill or decode — in-flight requests and
+//!   tokens, prefill / decode phase counts, throttling slots, completed / errors, a prefill
+//!   node's prefill legs by outcome),
 //!   per service the scheduler, prefix index and hit ratios (ceiling, predicted, engine), its
 //!   throttle (queue, slots in use against their limits, refusals by reason, queue waits) and
 //!   its prefill/decode protocol, routes, the routing reasons and decision-service calls, the
