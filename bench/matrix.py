@@ -132,6 +132,17 @@ def derive(name):
     u, o = mean(user), mean(OUTPUT)
     first = 1 / t  # share of requests that open a session
     d = u + 2 * TEMPLATE + (1 - first) * (o + TEMPLATE + BLOCK / 2)
+    cap_real = req_rate * d / load  # real uncached tokens/s of the fleet
+    prefill_tps = cap_real / sum(speeds) / scale  # simulated tokens/s of a full-speed engine
+    # The longest cold prefill (largest system prompt and message, slowest engine), real s.
+    # Where one takes more than 4 s (40 % of the 10-s window: 12k prompts on 8 slow engines)
+    # a 10-s run leaves 15-34 requests and the 6-s drain cancels those still queued (∞ for
+    # every router): such cells run like the overload cells (30-s arrivals, 40-s drain).
+    cold_real = (sys_r[1] + user[1] + 2 * TEMPLATE) / (prefill_tps * min(speeds)) / scale
+    long_prefill = not name.startswith("cap-") and load_k != "overload" and cold_real > 4.0
+    if long_prefill:
+        duration = knob("OVERLOAD_DURATION", 30.0)
+        drain = knob("OVERLOAD_DRAIN", 40.0)
     # Sessions arrive from t = 0 and a session sends its turns one cycle apart (think time,
     # decode, a first token), so a short run never reaches the steady state's REQ_RATE: the
     # session rate is raised by the share of the steady state's requests that the window
@@ -147,8 +158,6 @@ def derive(name):
     reached = sum(sum(p_more[k] for k in range(len(p_more)) if k * cycle <= x) for x in ts) / steps
     ramp = min(1.0, reached / t)
     session_rate = req_rate / t / ramp  # real sessions/s
-    cap_real = req_rate * d / load  # real uncached tokens/s of the fleet
-    prefill_tps = cap_real / sum(speeds) / scale  # simulated tokens/s of a full-speed engine
 
     # hot working set: expected system prompts in use + live session histories
     w = [(k + 1) ** -zipf for k in range(n_tenants)]
@@ -188,6 +197,8 @@ def derive(name):
         "speeds": speeds,
         "duration_s": duration,
         "drain_s": drain,
+        "cold_prefill_real_s": cold_real,
+        "long_prefill": long_prefill,
         "session_rate": session_rate,
         "req_rate": req_rate,
         "requests_per_session": t,
@@ -245,7 +256,7 @@ def cmd_estimate(cells, n_seeds, n_configs):
     for name in cells.split():
         c = derive(name)
         # arrivals + the drain's usual part + starting engines, router and the summary
-        per = c["duration_s"] + (c["drain_s"] if c["axes"]["load"] in ("overload", "busy") else 2.0) + 3.0 + 0.1 * c["engines"]
+        per = c["duration_s"] + (c["drain_s"] if c["axes"]["load"] in ("overload", "busy") or c["long_prefill"] else 2.0) + 3.0 + 0.1 * c["engines"]
         total += per * int(n_seeds) * int(n_configs)
     print(int(total))
 

@@ -3,6 +3,9 @@
 //! request id), the routing headers can be turned off (`response_headers.routing`), the
 //! engines' own `x-*` headers pass only when named (`response_headers.engine`), and a body
 //! that does not say it is JSON is refused with 415 before anything is sent upstream.
+//!
+//! And the code's own hygiene, from the file system only: no source file of the workspace is
+//! over [`MAX_SOURCE_LINES`] lines except tests and the files on [`LONG_FILES`].
 
 mod common;
 
@@ -168,4 +171,74 @@ async fn a_body_that_is_not_declared_json_is_refused_with_415() {
         assert_eq!(r.status(), 200, "{ct:?}");
     }
     assert_eq!(m.requests.load(std::sync::atomic::Ordering::SeqCst), 4);
+}
+
+/// The longest a source file of the workspace may be, in lines. Tests are exempt: a file named
+/// `tests.rs` or under a `tests/` directory.
+const MAX_SOURCE_LINES: usize = 800;
+
+/// Source files still over [`MAX_SOURCE_LINES`], being split into modules. This list must
+/// shrink, never grow: a file that outgrows the bound is split, not added here. An entry whose
+/// file is back within the bound (or gone) fails the test until it is taken off.
+const LONG_FILES: &[&str] = &["src/cluster/mod.rs", "src/status/mod.rs"];
+
+/// The workspace's `.rs` files under `dir` that are not tests, with their line counts; paths
+/// relative to `root`, with `/`.
+fn source_lengths(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<(String, usize)>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for e in entries {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            if p.file_name().is_some_and(|n| n != "tests") {
+                source_lengths(root, &p, out);
+            }
+        } else if p.extension().is_some_and(|x| x == "rs")
+            && p.file_name().is_some_and(|n| n != "tests.rs")
+        {
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let rel: Vec<String> = p
+                .strip_prefix(root)
+                .unwrap()
+                .iter()
+                .map(|c| c.to_string_lossy().into_owned())
+                .collect();
+            out.push((rel.join("/"), text.lines().count()));
+        }
+    }
+}
+
+#[test]
+fn no_source_file_is_over_800_lines() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "plugins/src", "sim/src", "bench/src"] {
+        source_lengths(root, &root.join(dir), &mut files);
+    }
+    files.sort();
+    assert!(
+        files.len() > 50,
+        "the workspace's sources were not found: {files:?}"
+    );
+    let mut msg = String::new();
+    for (path, lines) in &files {
+        if *lines > MAX_SOURCE_LINES && !LONG_FILES.contains(&path.as_str()) {
+            msg += &format!("\n  {path}: {lines} lines");
+        }
+    }
+    if !msg.is_empty() {
+        msg = format!(
+            "source files over {MAX_SOURCE_LINES} lines (split each into modules of cohesive parts; tests may go to a `tests.rs` child module):{msg}\n"
+        );
+    }
+    for allowed in LONG_FILES {
+        match files.iter().find(|(p, _)| p == allowed) {
+            Some((_, n)) if *n > MAX_SOURCE_LINES => {}
+            Some((_, n)) => {
+                msg += &format!("\n{allowed} is {n} lines now: take it off LONG_FILES\n")
+            }
+            None => msg += &format!("\n{allowed} does not exist: take it off LONG_FILES\n"),
+        }
+    }
+    assert!(msg.is_empty(), "{msg}");
 }

@@ -400,9 +400,10 @@ fn assert_dag(name: &str, g: &Graph) {
 
 /// Edges of a known cycle, left out until it is broken (the test fails once an edge here no
 /// longer exists). `request -> request::pd -> request`: `Ctx` and `Guard` in request/mod.rs
-/// hold `pd::Attempt` / `pd::Side`, and request/pd.rs uses `Ctx`, `Guard`, `Plan`, `To`,
-/// `LegRole`; the request state machine rework (feature state grouped as `ctx.pd`) is to move
-/// the PD state into a module that does not use its parent.
+/// hold `pd::Attempt` / `pd::Side`, and request/pd/mod.rs uses `Ctx`, `Guard`, `Plan`, `To`,
+/// `LegRole`. The PD state itself now lives in `request::pd::side`, which uses nothing of
+/// `request`: naming it there (`pd::side::Attempt`, with `side` visible to `request`) instead
+/// of through `request::pd` is what breaks this cycle.
 const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[("request", "request::pd")];
 
 #[test]
@@ -433,7 +434,7 @@ fn the_module_graphs_of_plugins_sim_and_bench_are_dags() {
     assert_dag("plugins/src", &plugins);
     assert!(plugins["policy"].contains("scorer"), "{plugins:#?}");
     let sim = graph("sim/src");
-    assert!(sim["server"].contains("pd"), "{sim:#?}");
+    assert!(sim["server::inference"].contains("pd"), "{sim:#?}");
     assert_dag("sim/src", &sim);
     let bench = graph("bench/src");
     assert!(!bench.contains_key("bin::tail-plot"), "{bench:#?}");

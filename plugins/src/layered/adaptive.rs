@@ -4,8 +4,8 @@
 use crate::candidate::{Candidate, RequestView};
 use crate::cost::Estimate;
 
-/// With cost eligibility, the prefix layer also skips an instance whose in-flight load is
-/// above the average × (1 + this) ...
+/// With cost eligibility, the prefix layer also skips an instance that has requests waiting
+/// for their first token and an in-flight load above the average × (1 + this) ...
 pub const COST_LOAD_CAP: f64 = 3.0;
 /// ... or that has more requests waiting for their first token than this.
 pub const COST_WAITING_CAP: u64 = 16;
@@ -47,7 +47,8 @@ pub const COST_WAITING_CAP: u64 = 16;
 pub struct Adaptive {
     /// Weight of the placement term (1 = a copy evicts as much as it writes, recomputed once).
     pub placement: f64,
-    /// Never preferred when its load > average × (1 + this).
+    /// Never preferred when its load > average × (1 + this) while requests wait for their
+    /// first token there ([`Adaptive::over_caps`]).
     pub load_tolerance: f64,
     /// Never preferred with more requests than this waiting for their first token.
     pub waiting_cap: u64,
@@ -60,6 +61,29 @@ impl Default for Adaptive {
             load_tolerance: COST_LOAD_CAP,
             waiting_cap: COST_WAITING_CAP,
         }
+    }
+}
+
+impl Adaptive {
+    /// The safety rails: more than `waiting_cap` requests waiting for their first token, or
+    /// an in-flight `load` above `avg` × (1 + `load_tolerance`) *with* a queue. Load that is
+    /// only decoding does not delay a new prefill beyond the decode step the estimate already
+    /// prices: a hot tenant's home in a fleet of mostly idle engines carries many times the
+    /// average in decode alone, and a load cap there moved sessions off their whole cached
+    /// history (`few-1k-agents-nohdr-all-high-8eq`: predicted 163 vs 1,011 ms, answered in
+    /// 956 ms where staying took ~200).
+    pub fn over_caps(&self, load: f64, avg: f64, waiting: u64) -> bool {
+        waiting > self.waiting_cap || (waiting > 0 && load > avg * (1.0 + self.load_tolerance))
+    }
+
+    /// The rails in a reason: `load <= avg*(1+3)=1200.0 (with a queue) && waiting <= 16`.
+    pub fn describe_caps(&self, avg: f64) -> String {
+        format!(
+            "load <= avg*(1+{})={:.1} (with a queue) && waiting <= {}",
+            self.load_tolerance,
+            avg * (1.0 + self.load_tolerance),
+            self.waiting_cap
+        )
     }
 }
 

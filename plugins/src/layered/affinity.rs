@@ -120,19 +120,20 @@ impl Stage for AffinityStage {
                     // even where the index has forgotten it — a cache-size bound — and the
                     // comparison would then weigh the queues alone).
                     let near = cx.cost_eligible(p, &t);
-                    let limit = cx.avg_load * (1.0 + a.load_tolerance);
                     if near {
                         if cx.req.explain {
                             cx.notes
                                 .push(format!("soft: bound stays ({})", within(cx, &t)));
                         }
                         true
-                    } else if cx.rows[p].load as f64 > limit || cx.cands[p].waiting > a.waiting_cap
+                    } else if a.over_caps(cx.rows[p].load as f64, cx.avg_load, cx.cands[p].waiting)
                     {
                         if cx.req.explain {
                             cx.notes.push(format!(
-                                "soft: bound moves (load {} > avg*(1+{})={limit:.1} or waiting {} > {})",
-                                cx.rows[p].load, a.load_tolerance, cx.cands[p].waiting, a.waiting_cap
+                                "soft: bound moves (load {} waiting {} outside {})",
+                                cx.rows[p].load,
+                                cx.cands[p].waiting,
+                                a.describe_caps(cx.avg_load)
                             ));
                         }
                         false

@@ -52,6 +52,38 @@ mod affinity;
 mod ctx;
 mod least_cached;
 mod prefix;
+
+/// No layer placed the request: the load balancing policy chooses (predicted TTFT: the lowest
+/// estimate, exact ties at random).
+fn balance_hit(
+    policy: LbPolicy,
+    req: &RequestView<'_>,
+    cands: &[Candidate],
+    est: &[Estimate],
+    min_est: f64,
+    rng: &mut dyn RngCore,
+) -> Option<Hit> {
+    if policy == LbPolicy::PredictedTtft {
+        let tol = 1e-9 * min_est.abs().max(1e-9);
+        let tied = est.iter().filter(|e| e.ms - min_est <= tol).count();
+        let k = if tied > 1 { rng.gen_range(0..tied) } else { 0 };
+        let pos = (0..est.len())
+            .filter(|&i| est[i].ms - min_est <= tol)
+            .nth(k)?;
+        return Some(Hit {
+            pos,
+            layer: Layer::Balance,
+            reason: Cow::Borrowed(policy.as_str()),
+        });
+    }
+    let p = balance::pick(policy, cands, req.turn)?;
+    Some(Hit {
+        pos: p.pos,
+        layer: Layer::Balance,
+        reason: Cow::Borrowed(p.reason.as_str()),
+    })
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -220,30 +252,7 @@ impl Picker for FirstHit {
         }
         let hit = match hit {
             Some(h) => h,
-            None if policy == LbPolicy::PredictedTtft => {
-                // The lowest predicted TTFT; exact ties at random.
-                let tol = 1e-9 * min_est.abs().max(1e-9);
-                let tied = est.iter().filter(|e| e.ms - min_est <= tol).count();
-                let k = if tied > 1 {
-                    cx.rng.gen_range(0..tied)
-                } else {
-                    0
-                };
-                let pos = (0..n).filter(|&i| est[i].ms - min_est <= tol).nth(k)?;
-                Hit {
-                    pos,
-                    layer: Layer::Balance,
-                    reason: Cow::Borrowed(policy.as_str()),
-                }
-            }
-            None => {
-                let p = balance::pick(policy, cands, req.turn)?;
-                Hit {
-                    pos: p.pos,
-                    layer: Layer::Balance,
-                    reason: Cow::Borrowed(p.reason.as_str()),
-                }
-            }
+            None => balance_hit(policy, req, cands, est, min_est, cx.rng)?,
         };
         let (reason, fallback) = match cx.headline.take() {
             Some(h) => (h, Some(hit.reason)),

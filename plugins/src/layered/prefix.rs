@@ -76,68 +76,7 @@ impl Stage for PrefixStage {
         // The longest-match holder the adaptive comparison moved away from (for the reason).
         let mut spilled: Option<usize> = None;
         match p.eligibility {
-            Eligibility::Adaptive(a) => {
-                let limit = cx.avg_load * (1.0 + a.load_tolerance);
-                if cx.req.explain {
-                    cx.notes.push(format!(
-                        "prefix: eligible if est <= min over those holding less of (est + copy*{}) && load <= avg*(1+{})={limit:.1} && waiting <= {}, hit if matched/{prompt_blocks} >= {:.2}, longest match wins (tie: lower load)",
-                        a.placement, a.load_tolerance, a.waiting_cap, p.min_hit_ratio
-                    ));
-                }
-                let prompt = cx.req.prompt_tokens;
-                let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
-                let best_m = cx.rows.iter().map(|r| r.matched).max().unwrap_or(0);
-                let mut said = String::new();
-                for i in 0..n {
-                    if cx.rows[i].load as f64 > limit || cx.cands[i].waiting > a.waiting_cap {
-                        cx.rows[i].ineligible = true;
-                        continue;
-                    }
-                    if cx.rows[i].matched == 0 {
-                        continue;
-                    }
-                    let v = adaptive_verdict(
-                        cx.req,
-                        cx.cands,
-                        cx.est,
-                        &a,
-                        i,
-                        any_fits,
-                        Others::HoldingLess,
-                    );
-                    if !v.stays() {
-                        cx.rows[i].ineligible = true;
-                        if cx.rows[i].matched == best_m
-                            && spilled.is_none_or(|s| cx.rows[i].load < cx.rows[s].load)
-                        {
-                            spilled = Some(i);
-                        }
-                    }
-                    if cx.req.explain {
-                        let (verb, term) = if v.stays() {
-                            ("stays", "wait")
-                        } else {
-                            ("moves", "recompute+placement")
-                        };
-                        match v.to {
-                            Some((j, est, copy)) => {
-                                let _ = write!(
-                                    said,
-                                    " #{}:{verb}({term}: {:.0}ms vs #{} {est:.0}+copy {copy:.0}ms)",
-                                    cx.cands[i].idx, v.stay_ms, cx.cands[j].idx
-                                );
-                            }
-                            None => {
-                                let _ =
-                                    write!(said, " #{}:stays(nowhere holds less)", cx.cands[i].idx);
-                            }
-                        }
-                    }
-                }
-                if !said.is_empty() {
-                    cx.notes.push(format!("prefix: holders:{said}"));
-                }
-            }
+            Eligibility::Adaptive(a) => spilled = adaptive_eligibility(p, &a, cx),
             Eligibility::Load {
                 load_tolerance,
                 waiting_threshold,
@@ -186,26 +125,7 @@ impl Stage for PrefixStage {
         if prompt_blocks == 0 {
             return None;
         }
-        let start = (cx.req.turn % n as u64) as usize;
-        let mut best: Option<usize> = None;
-        for step in 0..n {
-            let i = (start + step) % n;
-            let r = &cx.rows[i];
-            if r.ineligible {
-                continue;
-            }
-            let better = match best {
-                None => true,
-                Some(b) => {
-                    let o = &cx.rows[b];
-                    (r.matched, std::cmp::Reverse(r.load)) > (o.matched, std::cmp::Reverse(o.load))
-                }
-            };
-            if better {
-                best = Some(i);
-            }
-        }
-        let hit = best.and_then(|b| {
+        let hit = longest_eligible(cx).and_then(|b| {
             let m = cx.rows[b].matched;
             let ratio = f64::from(m) / f64::from(prompt_blocks);
             (m > 0 && ratio >= p.min_hit_ratio).then(|| Hit {
@@ -231,4 +151,102 @@ impl Stage for PrefixStage {
         }
         hit
     }
+}
+
+/// The adaptive rule's eligibility ([`Adaptive`]): marks the holders over the rails or whose
+/// stay-or-move comparison says move, and returns the longest-match holder it moved away from
+/// (the lowest load among equals; for the `prefix-spill` reason).
+fn adaptive_eligibility(
+    p: &PrefixLayerConfig,
+    a: &Adaptive,
+    cx: &mut LayerCtx<'_, '_>,
+) -> Option<usize> {
+    let n = cx.cands.len();
+    let prompt_blocks = cx.req.prompt_blocks();
+    let mut spilled: Option<usize> = None;
+    if cx.req.explain {
+        cx.notes.push(format!(
+                "prefix: eligible if est <= min over those holding less of (est + copy*{}) && {}, hit if matched/{prompt_blocks} >= {:.2}, longest match wins (tie: lower load)",
+                a.placement, a.describe_caps(cx.avg_load), p.min_hit_ratio
+            ));
+    }
+    let prompt = cx.req.prompt_tokens;
+    let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
+    let best_m = cx.rows.iter().map(|r| r.matched).max().unwrap_or(0);
+    let mut said = String::new();
+    for i in 0..n {
+        if a.over_caps(cx.rows[i].load as f64, cx.avg_load, cx.cands[i].waiting) {
+            cx.rows[i].ineligible = true;
+            continue;
+        }
+        if cx.rows[i].matched == 0 {
+            continue;
+        }
+        let v = adaptive_verdict(
+            cx.req,
+            cx.cands,
+            cx.est,
+            a,
+            i,
+            any_fits,
+            Others::HoldingLess,
+        );
+        if !v.stays() {
+            cx.rows[i].ineligible = true;
+            if cx.rows[i].matched == best_m
+                && spilled.is_none_or(|s| cx.rows[i].load < cx.rows[s].load)
+            {
+                spilled = Some(i);
+            }
+        }
+        if cx.req.explain {
+            let (verb, term) = if v.stays() {
+                ("stays", "wait")
+            } else {
+                ("moves", "recompute+placement")
+            };
+            match v.to {
+                Some((j, est, copy)) => {
+                    let _ = write!(
+                        said,
+                        " #{}:{verb}({term}: {:.0}ms vs #{} {est:.0}+copy {copy:.0}ms)",
+                        cx.cands[i].idx, v.stay_ms, cx.cands[j].idx
+                    );
+                }
+                None => {
+                    let _ = write!(said, " #{}:stays(nowhere holds less)", cx.cands[i].idx);
+                }
+            }
+        }
+    }
+    if !said.is_empty() {
+        cx.notes.push(format!("prefix: holders:{said}"));
+    }
+    spilled
+}
+
+/// The eligible row with the longest match (ties: the lower load, then the first from a
+/// start that turns with the session's turn).
+fn longest_eligible(cx: &LayerCtx<'_, '_>) -> Option<usize> {
+    let n = cx.cands.len();
+    let start = (cx.req.turn % n as u64) as usize;
+    let mut best: Option<usize> = None;
+    for step in 0..n {
+        let i = (start + step) % n;
+        let r = &cx.rows[i];
+        if r.ineligible {
+            continue;
+        }
+        let better = match best {
+            None => true,
+            Some(b) => {
+                let o = &cx.rows[b];
+                (r.matched, std::cmp::Reverse(r.load)) > (o.matched, std::cmp::Reverse(o.load))
+            }
+        };
+        if better {
+            best = Some(i);
+        }
+    }
+    best
 }

@@ -937,3 +937,36 @@ fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_fre
     assert!(e.contains("wait=17,match=64(1.00),est=100ms"), "{e}");
     assert!(e.contains("@1.0k/s busy=0.09),ineligible #1:"), "{e}");
 }
+
+#[test]
+fn decoding_load_alone_does_not_move_a_prompt_off_its_holder() {
+    let p = adaptive_pipeline();
+    let index = PrefixIndex::default();
+    let prompt: Vec<u64> = (0..64).collect(); // 1,024 tokens
+    let mut cs: Vec<Candidate> = (0..8).map(|i| queued(i, 0, 0)).collect();
+    index.insert(&prompt, cs[0].key, 0);
+    let m = index.match_prefix(&prompt, 0);
+    let r = RequestView {
+        blocks: &prompt,
+        prefix: Some(&m),
+        prompt_tokens: 1024,
+        block_tokens: 16,
+        explain: true,
+        ..Default::default()
+    };
+    let pick = |cs: &[Candidate]| p.pick(&r, cs, &mut StdRng::seed_from_u64(0)).unwrap();
+    // A hot tenant's home among idle engines: 40,000 tokens decoding (the average is
+    // 5,000, the load rail 20,000), nothing waiting for a first token → its prefill starts
+    // at once; it stays.
+    cs[0].inflight_tokens = 40_000;
+    cs[0].inflight_requests = 30;
+    let d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+    assert_eq!(d.reason, "prefix(1.00)", "{}", d.explain());
+    assert!(d.explain().contains("(with a queue)"), "{}", d.explain());
+    // The same load with a request queued there (50 tokens: staying is still far cheaper
+    // by the estimate) → over the rail, not chosen for its cache.
+    cs[0].waiting = 1;
+    cs[0].prefill_tokens = 50;
+    let d = pick(&cs);
+    assert_eq!(d.reason, "least-cached", "{}", d.explain());
+}

@@ -221,10 +221,7 @@ impl Scorer for PredictedTtftScorer {
                 return false;
             };
             let c = &cands[i];
-            if req.matched(c) == 0
-                || c.waiting > a.waiting_cap
-                || c.inflight_tokens as f64 > avg * (1.0 + a.load_tolerance)
-            {
+            if req.matched(c) == 0 || a.over_caps(c.inflight_tokens as f64, avg, c.waiting) {
                 return false;
             }
             adaptive_verdict(req, cands, &est, a, i, any_fits, Others::HoldingLess).stays()
