@@ -12,6 +12,7 @@ use crate::shared::Shared;
 use async_trait::async_trait;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 pub struct Admin {
@@ -30,7 +31,38 @@ fn resp(status: u16, ctype: &str, body: Vec<u8>) -> http::Response<Vec<u8>> {
         .expect("valid response")
 }
 
+/// `/admin/instances`: the runtime's load table, with the mirror (its settings and queue),
+/// the split proxy and the cluster's summary when configured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InstancesDoc {
+    #[serde(flatten)]
+    pub table: crate::runtime::views::InstancesView,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<crate::mirror::MirrorSettingsView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<crate::split::SplitView>,
+    /// The cluster's summary (`state: off` without `cluster:`).
+    pub cluster: serde_json::Value,
+}
+
 impl Admin {
+    /// `/admin/instances`.
+    pub fn instances(&self) -> InstancesDoc {
+        let rt = self.shared.runtime.load();
+        InstancesDoc {
+            table: rt.instances_view(),
+            mirror: rt
+                .mirror
+                .as_ref()
+                .map(|m| crate::mirror::MirrorSettingsView {
+                    queued: Some(self.shared.mirror.queued()),
+                    ..m.view()
+                }),
+            split: rt.split.as_ref().map(|sp| sp.view(now_ms())),
+            cluster: crate::status::cluster_summary(&self.shared),
+        }
+    }
+
     /// Copies the load table into the in-flight gauges, then renders every metric.
     pub fn render_metrics(&self) -> Vec<u8> {
         let rt = self.shared.runtime.load();
@@ -198,8 +230,8 @@ impl ServeHttp for Admin {
                 .body(crate::status::index_html().as_bytes().to_vec())
                 .expect("valid response"),
             "/admin/status" => {
-                let body =
-                    serde_json::to_vec(&crate::status::status_json(&self.shared)).unwrap_or_default();
+                let body = serde_json::to_vec(&crate::status::status_view(&self.shared))
+                    .unwrap_or_default();
                 resp(200, "application/json", body)
             }
             "/metrics" => resp(200, "text/plain; version=0.0.4", self.render_metrics()),
@@ -215,41 +247,23 @@ impl ServeHttp for Admin {
                 }
             }
             "/admin/instances" => {
-                let rt = self.shared.runtime.load();
-                let mut v = rt.instances_json();
-                if let Some(m) = rt.mirror.as_ref() {
-                    let mut view = m.view();
-                    view["queued"] = self.shared.mirror.queued().into();
-                    v["mirror"] = view;
-                }
-                if let Some(sp) = rt.split.as_ref() {
-                    v["split"] = sp.view(crate::clock::now_ms());
-                }
-                v["cluster"] = self
-                    .shared
-                    .cluster
-                    .as_ref()
-                    .map_or(serde_json::json!({"state": "off", "summary": "cluster: off"}), |c| {
-                        c.summary()
-                    });
-                let body = serde_json::to_vec_pretty(&v).unwrap_or_default();
+                let body = serde_json::to_vec_pretty(&self.instances()).unwrap_or_default();
                 resp(200, "application/json", body)
             }
             "/admin/cluster" => {
                 let v = match self.shared.cluster.as_ref() {
                     Some(c) => c.view().await,
-                    None => serde_json::json!({"enabled": false, "state": "off",
-                        "replicas": [], "note": "no `cluster:` in the config: this replica routes on its own"}),
+                    None => serde_json::to_value(crate::status::cluster_off()).unwrap_or_default(),
                 };
                 resp(200, "application/json", serde_json::to_vec_pretty(&v).unwrap_or_default())
             }
             other => resp(
                 404,
                 "application/json",
-                serde_json::to_vec(&serde_json::json!({"error": {
-                    "message": format!("unknown admin path {other}; try / (the status page), /health, /metrics, /admin/instances, /admin/cluster or /admin/status"),
-                    "type": "not_found_error", "code": "unknown_url"}}))
-                .unwrap_or_default(),
+                crate::error::GatewayError::NotFound(format!(
+                    "unknown admin path {other}; try / (the status page), /health, /metrics, /admin/instances, /admin/cluster or /admin/status"
+                ))
+                .body(false),
             ),
         }
     }

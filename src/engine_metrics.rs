@@ -263,19 +263,34 @@ impl EngineSignals {
     }
 
     /// For `/admin/instances`: the figures, their age and the failures since the last success.
-    pub fn view(&self, now_ms: u64) -> serde_json::Value {
+    pub fn view(&self, now_ms: u64) -> EngineView {
         let at = self.at_ms.load(Relaxed);
-        serde_json::json!({
-            "running": self.running.load(Relaxed),
-            "waiting": self.waiting.load(Relaxed),
-            "kv_usage": f64::from(self.kv_ppm.load(Relaxed)) / 1e6,
-            "age_ms": (at > 0).then(|| now_ms.saturating_sub(at)),
-            "consecutive_failures": self.failures.load(Relaxed),
-            "cache_tokens": self.cache_tokens(),
-            "block_tokens": self.block_tokens(),
-            "tokens_per_estimate": self.tokens_per_estimate(),
-        })
+        EngineView {
+            running: self.running.load(Relaxed),
+            waiting: self.waiting.load(Relaxed),
+            kv_usage: f64::from(self.kv_ppm.load(Relaxed)) / 1e6,
+            age_ms: (at > 0).then(|| now_ms.saturating_sub(at)),
+            consecutive_failures: self.failures.load(Relaxed),
+            cache_tokens: self.cache_tokens(),
+            block_tokens: self.block_tokens(),
+            tokens_per_estimate: self.tokens_per_estimate(),
+        }
     }
+}
+
+/// An instance's engine figures as `/admin/instances` shows them (`engine_metrics:`).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct EngineView {
+    pub running: u32,
+    pub waiting: u32,
+    /// KV cache in use, 0–1.
+    pub kv_usage: f64,
+    /// Since the last successful scrape (null: never scraped).
+    pub age_ms: Option<u64>,
+    pub consecutive_failures: u32,
+    pub cache_tokens: Option<u64>,
+    pub block_tokens: Option<u64>,
+    pub tokens_per_estimate: Option<f64>,
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! client's SDK expects: OpenAI's `{"error":{"message","type","code"}}`, or Anthropic's
 //! `{"type":"error","error":{"type","message"}}` on `/v1/messages`.
 
-use serde_json::json;
+use serde::Serialize;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
@@ -116,14 +116,52 @@ impl GatewayError {
 
     /// The JSON body, Anthropic-shaped when `anthropic`.
     pub fn body(&self, anthropic: bool) -> Vec<u8> {
-        let msg = self.to_string();
-        let v = if anthropic {
-            json!({"type": "error", "error": {"type": self.anthropic_type(), "message": msg}})
+        let message = self.to_string();
+        let r = if anthropic {
+            serde_json::to_vec(&AnthropicBody {
+                r#type: "error",
+                error: AnthropicError {
+                    r#type: self.anthropic_type(),
+                    message: &message,
+                },
+            })
         } else {
-            json!({"error": {"message": msg, "type": self.openai_type(), "code": self.code()}})
+            serde_json::to_vec(&OpenAiBody {
+                error: OpenAiError {
+                    message: &message,
+                    r#type: self.openai_type(),
+                    code: self.code(),
+                },
+            })
         };
-        serde_json::to_vec(&v).unwrap_or_default()
+        r.unwrap_or_default()
     }
+}
+
+/// OpenAI's error body: `{"error":{"message","type","code"}}`.
+#[derive(Serialize)]
+struct OpenAiBody<'a> {
+    error: OpenAiError<'a>,
+}
+
+#[derive(Serialize)]
+struct OpenAiError<'a> {
+    message: &'a str,
+    r#type: &'static str,
+    code: &'static str,
+}
+
+/// Anthropic's error body: `{"type":"error","error":{"type","message"}}`.
+#[derive(Serialize)]
+struct AnthropicBody<'a> {
+    r#type: &'static str,
+    error: AnthropicError<'a>,
+}
+
+#[derive(Serialize)]
+struct AnthropicError<'a> {
+    r#type: &'static str,
+    message: &'a str,
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ impl Default for Health {
 }
 
 /// What `/admin/instances` shows.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct HealthView {
     pub healthy: bool,
     pub ejected: bool,

@@ -92,6 +92,22 @@ impl std::fmt::Debug for Settings {
     }
 }
 
+/// The mirror's settings as `/admin/instances` and `/admin/status` show them (never the
+/// token); `/admin/instances` adds the copies queued.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct MirrorSettingsView {
+    pub target: String,
+    pub target_model: Option<String>,
+    /// Percent of planned requests copied.
+    pub ratio: f64,
+    /// Whether an `auth_token` is configured.
+    pub authorization: bool,
+    pub timeout_ms: u64,
+    pub log: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued: Option<usize>,
+}
+
 impl Settings {
     /// The settings of a validated `mirror:` block (an error names its key).
     pub fn new(c: &MirrorSettings) -> Result<Settings, String> {
@@ -118,15 +134,16 @@ impl Settings {
     }
 
     /// What `/admin/instances` shows (never the token).
-    pub fn view(&self) -> serde_json::Value {
-        serde_json::json!({
-            "target": self.target,
-            "target_model": self.target_model,
-            "ratio": self.ratio,
-            "authorization": self.auth.is_some(),
-            "timeout_ms": self.timeout.as_millis() as u64,
-            "log": self.log,
-        })
+    pub fn view(&self) -> MirrorSettingsView {
+        MirrorSettingsView {
+            target: self.target.clone(),
+            target_model: self.target_model.clone(),
+            ratio: self.ratio,
+            authorization: self.auth.is_some(),
+            timeout_ms: self.timeout.as_millis() as u64,
+            log: self.log,
+            queued: None,
+        }
     }
 
     /// One line for the reload log (never the token).
@@ -697,9 +714,13 @@ mod tests {
         .unwrap();
         assert_eq!(s.target, "https://shadow.example.com");
         assert_eq!(s.target_model, None);
-        for text in [format!("{s:?}"), s.view().to_string(), s.describe()] {
+        for text in [
+            format!("{s:?}"),
+            serde_json::to_string(&s.view()).unwrap(),
+            s.describe(),
+        ] {
             assert!(!text.contains("sk-very-secret"), "{text}");
         }
-        assert_eq!(s.view()["authorization"], true);
+        assert!(s.view().authorization);
     }
 }

@@ -7,7 +7,9 @@
 
 use crate::bigbody;
 use crate::error::GatewayError;
-use crate::request::{self, admit, attempt, complete, dispatch, global, plan, Ctx, Handoff};
+use crate::request::{
+    self, admit, attempt, complete, dispatch, global, plan, Ctx, Handoff, Refused, TenantState,
+};
 use crate::shared::Shared;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -81,7 +83,7 @@ impl Gateway {
                 max_tokens: plan.info.max_tokens,
                 stream: plan.info.stream,
                 dest: plan.dest.name(),
-                tenant: ctx.tenant.as_ref().map(|t| t.name.as_str()),
+                tenant: ctx.tenant.as_ref().map(|t| t.tenant.name.as_str()),
             });
             if ctx.followers.len() > followers {
                 t.event("mirrored", Vec::new());
@@ -109,13 +111,18 @@ impl Gateway {
         let legs = match admitted {
             Ok(Ok(legs)) => legs,
             Ok(Err(d)) => {
-                ctx.refused_model = Some(plan.dest.name().to_string());
+                ctx.refused = Some(Box::new(Refused {
+                    model: plan.dest.name().to_string(),
+                    left_queue: false,
+                }));
                 return request::reject_after(session, ctx, d.status, d.error, d.retry_after).await;
             }
             Err(e) => {
                 // The client hung up while queued for a slot.
-                ctx.refused_model = Some(plan.dest.name().to_string());
-                ctx.left_queue = true;
+                ctx.refused = Some(Box::new(Refused {
+                    model: plan.dest.name().to_string(),
+                    left_queue: true,
+                }));
                 return Err(e);
             }
         };
@@ -179,7 +186,11 @@ impl ProxyHttp for Gateway {
             ctx.api = Some(h.plan.api);
             ctx.followers = h.followers;
             ctx.trace = h.trace;
-            ctx.tenant = h.plan.ticket.as_ref().map(|t| t.tenant.clone());
+            ctx.tenant = h
+                .plan
+                .ticket
+                .as_ref()
+                .map(|t| TenantState::new(t.tenant.clone()));
             ctx.plan = Some(h.plan);
             ctx.body = Some(h.body);
             ctx.legs = h.legs;
@@ -340,7 +351,7 @@ impl ProxyHttp for Gateway {
                 ge.body(ctx.anthropic()),
                 &ctx.request_id,
                 None,
-                ctx.tenant.as_deref(),
+                ctx.tenant(),
             )
             .await;
         }

@@ -64,6 +64,35 @@ impl Entry {
     }
 }
 
+/// The split proxy as `/admin/instances` shows it (every entry, never its key);
+/// `/admin/status` adds each entry's attempts by outcome.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SplitView {
+    /// `weight` or `prefix`.
+    pub strategy: String,
+    pub proxies: Vec<SplitEntryView>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SplitEntryView {
+    pub name: String,
+    pub local: bool,
+    pub enabled: bool,
+    /// The external API's URL (null: the local entry).
+    pub address: Option<String>,
+    pub model: Option<String>,
+    /// Whether a key is configured.
+    pub api_key: bool,
+    pub weight: Option<u32>,
+    pub prefix: Option<String>,
+    /// `participate` or `none`.
+    pub failover: String,
+    pub available: bool,
+    /// `/admin/status` only: attempts by outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcomes: Option<crate::upstream::Outcomes>,
+}
+
 /// The runtime form of `split:`.
 #[derive(Debug)]
 pub struct Split {
@@ -151,26 +180,36 @@ impl Split {
     }
 
     /// For `/admin/instances`: every entry without its key.
-    pub fn view(&self, now_ms: u64) -> serde_json::Value {
+    pub fn view(&self, now_ms: u64) -> SplitView {
         let weights = self.wrr.weights();
-        serde_json::json!({
-            "strategy": match self.strategy {
+        SplitView {
+            strategy: match self.strategy {
                 SplitStrategy::Weight => "weight",
                 SplitStrategy::Prefix => "prefix",
-            },
-            "proxies": self.entries.iter().enumerate().map(|(i, e)| serde_json::json!({
-                "name": e.name,
-                "local": e.local,
-                "enabled": e.enabled,
-                "address": e.endpoint.as_ref().map(|x| format!("{}{}", x.origin(), x.base_path)),
-                "model": e.model,
-                "api_key": e.bearer.is_some(),
-                "weight": weights.get(i),
-                "prefix": e.prefix,
-                "failover": if e.failover { "participate" } else { "none" },
-                "available": e.available(now_ms),
-            })).collect::<Vec<_>>(),
-        })
+            }
+            .into(),
+            proxies: self
+                .entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| SplitEntryView {
+                    name: e.name.clone(),
+                    local: e.local,
+                    enabled: e.enabled,
+                    address: e
+                        .endpoint
+                        .as_ref()
+                        .map(|x| format!("{}{}", x.origin(), x.base_path)),
+                    model: e.model.clone(),
+                    api_key: e.bearer.is_some(),
+                    weight: weights.get(i).copied(),
+                    prefix: e.prefix.clone(),
+                    failover: if e.failover { "participate" } else { "none" }.into(),
+                    available: e.available(now_ms),
+                    outcomes: None,
+                })
+                .collect(),
+        }
     }
 
     /// The local entry.

@@ -300,3 +300,13 @@ mod tests {
         assert_eq!(bad.origin(), "http://name.invalid:80");
     }
 }
+
+/// A remote upstream's attempts by outcome (`/admin/status`: a member gateway of global
+/// scheduling, an entry of the split proxy).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Outcomes {
+    pub ok: u64,
+    pub refused: u64,
+    pub error: u64,
+    pub cancelled: u64,
+}

@@ -503,6 +503,23 @@ async fn every_exported_family_is_on_the_dashboard_and_the_status_page() {
     }
 }
 
+/// The admin API's documents are their typed views (`tokengate::status::StatusView`,
+/// `tokengate::admin::InstancesDoc`): read into them and written back, no field is lost or
+/// changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_documents_are_their_typed_views() {
+    let (fleet, _, status) = busy_fleet().await;
+    let typed: tokengate::status::StatusView =
+        serde_json::from_value(status.clone()).expect("/admin/status reads as StatusView");
+    assert_eq!(serde_json::to_value(&typed).unwrap(), status);
+    assert!(typed.split.is_some() && typed.mirror.settings.is_some());
+    let instances = fleet.admin_json("/admin/instances").await;
+    let typed: tokengate::admin::InstancesDoc =
+        serde_json::from_value(instances.clone()).expect("/admin/instances reads as InstancesDoc");
+    assert_eq!(serde_json::to_value(&typed).unwrap(), instances);
+    assert_eq!(typed.table.instances.len(), 8);
+}
+
 fn find_bin(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|path| {
         std::env::split_paths(&path)

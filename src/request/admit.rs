@@ -6,7 +6,7 @@
 //! `Retry-After` otherwise); the admitted request holds a [`Ticket`] until it completes.
 //! Every refusal is an API-shaped error; nothing is sent upstream.
 
-use super::{reject, reject_after, respond, Ctx};
+use super::{reject, reject_after, respond, Ctx, TenantState};
 use crate::api::{self, Api, RequestInfo};
 use crate::error::GatewayError;
 use crate::runtime::Runtime;
@@ -138,7 +138,7 @@ pub async fn admit(
     }
     // Auth before anything is read.
     match authorize(session.req_header(), &rt) {
-        Ok(t) => ctx.tenant = t,
+        Ok(t) => ctx.tenant = t.map(TenantState::new),
         Err(e) => {
             reject(session, ctx, e.status(), e).await?;
             return Ok(None);
@@ -183,11 +183,13 @@ pub async fn admit(
             return Ok(None);
         }
     };
-    let mut ticket = match ctx.tenant.clone() {
+    let mut ticket = match ctx.tenant.as_ref().map(|t| t.tenant.clone()) {
         Some(t) => match tenant_gate(&t, &rt, &info) {
             Ok(ticket) => Some(ticket),
             Err((reason, e, retry_after)) => {
-                ctx.tenant_refused = Some(reason);
+                if let Some(t) = ctx.tenant.as_mut() {
+                    t.refused = Some(reason);
+                }
                 reject_after(session, ctx, e.status(), e, retry_after).await?;
                 return Ok(None);
             }
@@ -205,7 +207,9 @@ pub async fn admit(
                     tk.refund();
                 }
                 let (reason, e, retry_after) = over_limit(&t, r);
-                ctx.tenant_refused = Some(reason);
+                if let Some(t) = ctx.tenant.as_mut() {
+                    t.refused = Some(reason);
+                }
                 reject_after(session, ctx, e.status(), e, retry_after).await?;
                 return Ok(None);
             }
@@ -318,7 +322,7 @@ async fn local_endpoint(session: &mut Session, ctx: &mut Ctx, rt: &Runtime) -> R
                 Err(e) => return reject(session, ctx, e.status(), e).await.map(|_| ()),
             };
             ctx.local_status = Some(200);
-            let body = serde_json::to_vec(&rt.models_json(tenant.as_deref())).unwrap_or_default();
+            let body = serde_json::to_vec(&rt.models(tenant.as_deref())).unwrap_or_default();
             respond(session, 200, "application/json", body, &ctx.request_id).await
         }
         ("GET", "/health") => {

@@ -9,7 +9,7 @@
 //! [`finish`] runs once per request, from Pingora's `logging` hook, whatever path the request
 //! took; [`attempt_failed`] ends an attempt that is retried on another instance.
 
-use super::{global, linger, pd, Ctx, Guard, LegRole, LocalLeg, Plan, To};
+use super::{global, linger, pd, Ctx, Guard, LegRole, LocalLeg, Plan, TenantState, To};
 use crate::clock::now_ms;
 use crate::load::Outcome;
 use crate::runtime::{Instance, Runtime, Service};
@@ -227,9 +227,11 @@ fn tenant_accounting(
     u: Usage,
     served: bool,
 ) {
-    let Some(t) = ctx.tenant.as_ref() else { return };
+    let Some(TenantState { tenant: t, refused }) = ctx.tenant.as_ref() else {
+        return;
+    };
     let m = &shared.metrics.tenants;
-    if let Some(reason) = ctx.tenant_refused {
+    if let Some(reason) = *refused {
         m.rejections.with_label_values(&[&t.name, reason]).inc();
         return;
     }
@@ -256,7 +258,7 @@ fn tenant_accounting(
 /// before the end), `left_queue` (it hung up while queued for a throttling slot),
 /// `no_response` (the connection ended with nothing sent, not by the client).
 fn ended_as(ctx: &Ctx, e: Option<&Error>, status: u16, client_left: bool) -> &'static str {
-    if ctx.left_queue {
+    if ctx.refused.as_ref().is_some_and(|r| r.left_queue) {
         "left_queue"
     } else if client_left {
         "client_left"
@@ -539,9 +541,9 @@ fn count(
     let m = &shared.metrics;
     let u = ctx.response.usage;
     let instance = served.by.as_deref().unwrap_or("-");
-    let mut model: &str = match (&ctx.plan, &ctx.refused_model) {
+    let mut model: &str = match (&ctx.plan, &ctx.refused) {
         (Some(p), _) => p.dest.name(),
-        (None, Some(m)) => m,
+        (None, Some(r)) => &r.model,
         (None, None) => "-",
     };
     if let Some(s) = served.service.as_ref() {
@@ -703,9 +705,9 @@ fn access_line(
         ctx.plan
             .as_ref()
             .map(|r| r.info.model.as_str())
-            .or(ctx.refused_model.as_deref())
+            .or(ctx.refused.as_ref().map(|r| r.model.as_str()))
             .unwrap_or("-"),
-        ctx.tenant.as_ref().map_or("-", |t| t.name.as_str()),
+        ctx.tenant().map_or("-", |t| t.name.as_str()),
         instance,
         status,
         ended,

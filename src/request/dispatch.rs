@@ -504,7 +504,7 @@ pub fn response_header(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
     if let (true, Some(l)) = (routing, ctx.main_leg()) {
         resp.insert_header("x-tokengate-instance", l.id_header())?;
     }
-    if let Some(t) = ctx.tenant.as_deref() {
+    if let Some(t) = ctx.tenant() {
         let mut r = Ok(());
         let ticket = ctx.plan.as_ref().and_then(|p| p.ticket.as_ref());
         crate::tenants::headers(t, ticket, |k, v| {

@@ -6,14 +6,15 @@
 //!
 //! Bottom-up: `instance` (one engine), `service` (a pool of instances), `route` (a
 //! model over services), `dest` (what a `model` resolves to), `state` (the [`Runtime`]
-//! and its build), `views` (its JSON for `/admin/instances` and `/v1/models`).
+//! and its build), `views` (its typed, serializable views for `/admin/instances`,
+//! `/admin/status` and `/v1/models`).
 
 mod dest;
 mod instance;
 mod route;
 mod service;
 mod state;
-mod views;
+pub mod views;
 
 pub use dest::{route_sessions, service_sessions, Dest};
 pub use instance::Instance;

@@ -62,8 +62,9 @@ pub struct Finished<'a> {
     pub cached_tokens: Option<u64>,
 }
 
-/// A slot of the ring; its strings keep their capacity from one request to the next.
-#[derive(Debug, Default, Clone)]
+/// A slot of the ring; its strings keep their capacity from one request to the next. Also
+/// a finished request as `/admin/status` shows it (`recent`).
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Slot {
     pub at_ms: u64,
     pub request_id: String,
@@ -208,7 +209,7 @@ impl Reservoir {
 pub type PrefixCounters = [u64; 6];
 
 /// One sampled point of the history.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Point {
     /// End of the interval (the gateway's monotonic milliseconds, as `now_ms`).
     pub t: u64,
@@ -231,7 +232,7 @@ pub struct Point {
 }
 
 /// The last config reload.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ReloadEvent {
     pub at_ms: u64,
     pub ok: bool,
