@@ -112,10 +112,10 @@ pub enum LegRole {
 }
 
 /// A leg's hold on its instance's load: its own guard, or (a prefill leg once dispatched)
-/// shared with the task that reads the prefill's response ([`pd::Side`]).
+/// shared with the task that reads the prefill's response ([`pd::side::Side`]).
 pub enum Guard {
     Held(LoadGuard<Instance>),
-    Shared(Arc<pd::Side>),
+    Shared(Arc<pd::side::Side>),
     /// Only while being moved.
     Gone,
 }
@@ -292,7 +292,7 @@ pub struct Ctx {
     /// The attempts so far: how many, what was tried, where the next one goes.
     pub attempt: tries::State,
     /// A disaggregated service: the current attempt's pair and its prefill's progress.
-    pub pd: Option<pd::Attempt>,
+    pub pd: Option<pd::side::Attempt>,
     /// The reason of the last dispatched main leg (kept for the access log after it ends).
     pub reason: Cow<'static, str>,
     pub response: ResponseState,
