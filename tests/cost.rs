@@ -633,3 +633,71 @@ async fn a_new_request_does_not_join_an_instance_whose_kv_cache_its_in_flight_re
     assert_ne!(inst, holder, "{reason}");
     assert_eq!(reason, "least-cached");
 }
+
+/// `kind: least-waiting` (a policy plugin that is only its file and one registry line): the
+/// engine's own queue counts, so requests go around an engine whose queue other clients
+/// filled, though this gateway has sent it nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_waiting_goes_around_an_engine_queue_other_clients_filled() {
+    let fleet = sim_fleet(
+        2,
+        engine_sim::SimConfig {
+            max_running: 1,
+            decode_step_ms: 50.0,
+            time_scale: 1.0,
+            ..Default::default()
+        },
+    )
+    .await;
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    scheduler: {{mode: policy, plugins: [{{kind: least-waiting}}]}}\n    engine_metrics: {{interval: 50ms}}\n{}",
+        sim_instances(&fleet)
+    ));
+    // Two streams straight to e1: one runs (its batch holds one), one waits in its queue.
+    let direct = reqwest::Client::new();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            direct
+                .post(format!("{}/v1/chat/completions", fleet[0].url()))
+                .json(
+                    &serde_json::json!({"model": "m", "stream": true, "max_tokens": 4000,
+                    "messages": [{"role": "user", "content": "busy"}]}),
+                )
+                .send()
+                .await
+                .unwrap(),
+        );
+    }
+    eventually("e1's queue in /admin", || async {
+        let v = gw.instances().await;
+        v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == "e1" && i["engine"]["waiting"] == 1)
+    })
+    .await;
+    let c = reqwest::Client::new();
+    for k in 0..6 {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat("sys", &format!("q{k}"), 1, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let inst = r.headers()["x-tokengate-instance"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let reason = r.headers()["x-tokengate-reason"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        r.bytes().await.unwrap();
+        assert_eq!(inst, "e2", "request {k}: {reason}");
+        assert!(reason.starts_with("policy(waiting="), "{reason}");
+    }
+    drop(held);
+}

@@ -112,7 +112,7 @@ fn enum_keys_name_their_path_and_the_accepted_values() {
         ),
         (
             "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: fastest}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",
-            "`fastest` is not one of `session-affinity`, `least-inflight`, `least-token`, `predicted-ttft`, `least-cached`, `prefix-cache`, `decision-service`",
+            "`fastest` is not one of `session-affinity`, `least-inflight`, `least-token`, `predicted-ttft`, `least-cached`, `prefix-cache`, `decision-service`, `least-waiting`",
         ),
         (
             "services:\n  - name: m\n    scheduler: {mode: policy, plugins: [{kind: least-inflight, token_scale: 5}]}\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n",

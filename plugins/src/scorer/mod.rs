@@ -67,6 +67,7 @@ registry! {
     least_cached::LeastCachedParams => LeastCached = "least-cached",
     prefix_cache::PrefixCacheParams => PrefixCache = "prefix-cache",
     decision_service::DecisionServiceParams => DecisionService = "decision-service",
+    least_waiting::LeastWaitingParams => LeastWaiting = "least-waiting",
 }
 
 impl PluginSettings {
