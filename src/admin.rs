@@ -239,7 +239,7 @@ impl ServeHttp for Admin {
                 let v = match self.shared.cluster.as_ref() {
                     Some(c) => c.view().await,
                     None => serde_json::json!({"enabled": false, "state": "off",
-                        "replicas": [], "note": "no `cluster:` in the config: this replica routes on its own"}),
+                        "replicas": [], "note": "no `cluster.redis` in the config: this replica shares no state (with `cluster.placement: rendezvous` it still agrees with the others where new sessions and prefixes go)"}),
                 };
                 resp(200, "application/json", serde_json::to_vec_pretty(&v).unwrap_or_default())
             }
