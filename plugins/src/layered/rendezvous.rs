@@ -5,8 +5,9 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use super::ctx::{Hit, LayerCtx, Stage};
+use super::prefix::PREFIX_SPILL;
 use crate::candidate::{Candidate, Needs};
-use crate::decision::Layer;
+use crate::decision::{AffinityOutcome, Layer};
 use crate::hash::{rendezvous, InstanceKey, SessionKey};
 
 /// Reason of a new session placed by its session key.
@@ -22,7 +23,9 @@ pub const RENDEZVOUS_PREFIX: &str = "rendezvous(prefix)";
 /// * The key: the session key when the request has one, else the prompt's first block hash
 ///   (every request opening with the same block — a tenant's system prompt — gets the same
 ///   home). Neither (a prompt shorter than one block, no session): the request falls through
-///   to the next layer.
+///   to the next layer. So does a request an earlier layer moved away from where it was
+///   (`affinity-escape`, `prefix-spill`): its home by the hash may be the very instance it
+///   left, and the replica that judged it too busy there knows why.
 /// * The load: the engines' own figures, scraped (`engine_metrics`: running + waiting), never
 ///   the replica's in-flight counts (each replica knows only its own share). An instance
 ///   whose engine is not scraped counts 0.
@@ -111,6 +114,14 @@ impl Stage for RendezvousStage {
     }
 
     fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
+        if cx.affinity == AffinityOutcome::Escape || cx.headline.as_deref() == Some(PREFIX_SPILL)
+        {
+            if cx.req.explain {
+                cx.notes
+                    .push("rendezvous: moved away by an earlier layer: next layer".into());
+            }
+            return None;
+        }
         let (key, reason) = match (cx.req.session, cx.req.blocks.first()) {
             (Some(s), _) => (s.0, RENDEZVOUS_SESSION),
             (None, Some(&b)) => (b, RENDEZVOUS_PREFIX),
@@ -219,6 +230,80 @@ mod tests {
             }
         }
         assert!(moved > 300 && moved < 700, "{moved}");
+    }
+
+    #[test]
+    fn places_new_sessions_and_prefixes_alike_and_leaves_escapes_to_the_next_layer() {
+        use crate::candidate::RequestView;
+        use crate::decision::AffinityOutcome;
+        let cands: Vec<Candidate> = keys(4)
+            .into_iter()
+            .enumerate()
+            .map(|(idx, key)| Candidate {
+                idx,
+                key,
+                // This replica's own in-flight counts differ wildly; they do not count.
+                inflight_requests: (idx as u64) * 7,
+                ..Candidate::default()
+            })
+            .collect();
+        let st = RendezvousStage::default();
+        let run = |req: &RequestView<'_>, cands: &[Candidate], affinity, headline| {
+            let mut rows = vec![super::super::ctx::Row::default(); cands.len()];
+            let mut rng = rand::rngs::mock::StepRng::new(0, 1);
+            let mut cx = LayerCtx {
+                req,
+                cands,
+                est: &[],
+                min_est: f64::INFINITY,
+                rng: &mut rng,
+                policy: crate::balance::LbPolicy::LeastToken,
+                rows: &mut rows,
+                avg_load: 0.0,
+                affinity,
+                headline,
+                notes: Vec::new(),
+            };
+            st.try_pick(&mut cx).map(|h| (cands[h.pos].key, h.reason))
+        };
+        let blocks = [42u64, 43];
+        let sess = RequestView {
+            session: Some(SessionKey::of("s")),
+            blocks: &blocks,
+            ..RequestView::default()
+        };
+        let (home, why) = run(&sess, &cands, AffinityOutcome::Unbound, None).unwrap();
+        assert_eq!(why, RENDEZVOUS_SESSION);
+        // Another replica: other in-flight counts, candidates in another order.
+        let mut other = cands.clone();
+        other.reverse();
+        for c in &mut other {
+            c.inflight_requests = 0;
+        }
+        assert_eq!(run(&sess, &other, AffinityOutcome::Unbound, None).unwrap().0, home);
+        // The engine of the home is busy (scraped): the session goes elsewhere.
+        let mut busy = cands.clone();
+        for c in &mut busy {
+            c.engine = Some(EngineLoad {
+                running: if c.key == home { 9 } else { 1 },
+                ..EngineLoad::default()
+            });
+        }
+        assert_ne!(run(&sess, &busy, AffinityOutcome::Unbound, None).unwrap().0, home);
+        let anon = RequestView {
+            blocks: &blocks,
+            ..RequestView::default()
+        };
+        assert_eq!(
+            run(&anon, &cands, AffinityOutcome::NoSession, None).unwrap().1,
+            RENDEZVOUS_PREFIX
+        );
+        // Moved away by an earlier layer, or nothing to hash: the next layer.
+        assert!(run(&sess, &cands, AffinityOutcome::Escape, None).is_none());
+        let spill = Some(Cow::Borrowed(PREFIX_SPILL));
+        assert!(run(&anon, &cands, AffinityOutcome::NoSession, spill).is_none());
+        let none = RequestView::default();
+        assert!(run(&none, &cands, AffinityOutcome::NoSession, None).is_none());
     }
 
     #[test]
