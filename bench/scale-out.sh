@@ -16,7 +16,7 @@
 # (client), the decisions taken by rendezvous, and with Redis: the routing path's Redis round
 # trip (mean, and p50/p99 from the histogram's buckets), Redis calls and Redis commands per
 # request (redis-server's own count).
-# Usage: [SEEDS="1 2"] [RATE=1.5] [DURATION=40] [LB=haproxy|client] [BUILD=1] bench/scale-out.sh
+# Usage: [SEEDS="1 2"] [MODES=…] [RATE=1.5] [DURATION=40] [LB=haproxy|client] [BUILD=1] [REPORT_ONLY=1] bench/scale-out.sh
 # Needs redis-server (scripts/setup.sh). Writes bench/results/scale-out.md; raw results under
 # target/bench/scale-out/<seed>/<mode>/.
 set -euo pipefail
@@ -142,7 +142,10 @@ run_mode() { # $1 = mode, $2 = seed
   for i in $(seq 1 $n); do gzip -c "$WORK/r$i.log" >"$dir/r$i.log.gz"; cp "$WORK/r$i.yaml" "$dir/"; done
 }
 
-for s in $SEEDS; do for m in $MODES; do run_mode "$m" "$s"; done; done
+# REPORT_ONLY=1: rewrite the page from the raw results already under $OUT.
+if [ "${REPORT_ONLY:-0}" != 1 ]; then
+  for s in $SEEDS; do for m in $MODES; do run_mode "$m" "$s"; done; done
+fi
 
 python3 - "$OUT" "$MD" "$MODES" "$SEEDS" "$RATE" "$DURATION" "$SIM_FLAGS" "$WL_FLAGS" "$LB" <<'PY'
 import json, os, re, sys
