@@ -114,8 +114,7 @@ impl Stage for RendezvousStage {
     }
 
     fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
-        if cx.affinity == AffinityOutcome::Escape || cx.headline.as_deref() == Some(PREFIX_SPILL)
-        {
+        if cx.affinity == AffinityOutcome::Escape || cx.headline.as_deref() == Some(PREFIX_SPILL) {
             if cx.req.explain {
                 cx.notes
                     .push("rendezvous: moved away by an earlier layer: next layer".into());
@@ -280,7 +279,12 @@ mod tests {
         for c in &mut other {
             c.inflight_requests = 0;
         }
-        assert_eq!(run(&sess, &other, AffinityOutcome::Unbound, None).unwrap().0, home);
+        assert_eq!(
+            run(&sess, &other, AffinityOutcome::Unbound, None)
+                .unwrap()
+                .0,
+            home
+        );
         // The engine of the home is busy (scraped): the session goes elsewhere.
         let mut busy = cands.clone();
         for c in &mut busy {
@@ -289,13 +293,18 @@ mod tests {
                 ..EngineLoad::default()
             });
         }
-        assert_ne!(run(&sess, &busy, AffinityOutcome::Unbound, None).unwrap().0, home);
+        assert_ne!(
+            run(&sess, &busy, AffinityOutcome::Unbound, None).unwrap().0,
+            home
+        );
         let anon = RequestView {
             blocks: &blocks,
             ..RequestView::default()
         };
         assert_eq!(
-            run(&anon, &cands, AffinityOutcome::NoSession, None).unwrap().1,
+            run(&anon, &cands, AffinityOutcome::NoSession, None)
+                .unwrap()
+                .1,
             RENDEZVOUS_PREFIX
         );
         // Moved away by an earlier layer, or nothing to hash: the next layer.
