@@ -8,7 +8,7 @@
 //! |---|---|
 //! | no `scheduler`, no `load_balancing`, more than one instance | as `mode: layered` with its defaults |
 //! | no `scheduler` otherwise | filters → [`FirstHit`] with no stage (load balancing) |
-//! | `mode: layered` | filters → [`FirstHit`]: [`AffinityStage`] → [`PrefixStage`] → [`LeastCachedStage`] → balancing (`least-token`), the prefix layer comparing the cost of waiting for the prefix's holder with recomputing elsewhere ([`Adaptive`]) |
+//! | `mode: layered` | filters → [`FirstHit`]: [`AffinityStage`] → [`PrefixStage`] → [`LeastCachedStage`] → balancing (`least-token`), the prefix layer comparing the cost of waiting for the prefix's holder with recomputing elsewhere ([`Adaptive`]); with `cluster.placement: rendezvous`, [`RendezvousStage`] before least-cached |
 //! | `mode: policy` (service) | filters → [`WeightedSum`] of the plugins' scorers |
 //! | `route_by: policy` | the same over every target's instances, with `DecisionTarget` after the filters when a `decision-service` plugin is listed |
 //!
@@ -30,8 +30,8 @@ use std::time::Duration;
 use tokengate_plugins::{
     Adaptive, AffinityStage, Available, BuildCtx, CostModel, CostTolerance, DecisionTarget,
     Eligibility, Escape, FirstHit, HasFreeSlot, LbPolicy, LeastCachedStage, Needs, NotTried,
-    Pipeline, Plugin, PrefixLayerConfig, PrefixStage, Role, RoleIs, Scorer, SessionConfig,
-    SessionKey, SessionTable, WeightedSum,
+    Pipeline, Plugin, PrefixLayerConfig, PrefixStage, RendezvousStage, Role, RoleIs, Scorer,
+    SessionConfig, SessionKey, SessionTable, WeightedSum,
 };
 
 /// The tolerance of a predicted-TTFT rule, from optional settings.
@@ -203,13 +203,15 @@ pub fn decode(policy: LbPolicy) -> Pipeline {
 }
 
 /// The scheduler of `services[si]`. `prev` is the same service's scheduler before a reload,
-/// if it had the same mode (its session table is kept).
+/// if it had the same mode (its session table is kept). `rendezvous`: `cluster.placement:
+/// rendezvous` (a layered scheduler places new sessions and prefixes by [`RendezvousStage`]).
 pub fn service(
     si: usize,
     s: &ServiceConfig,
     prev: Option<&Scheduler>,
     cost: &Arc<CostModel>,
     now_ms: u64,
+    rendezvous: bool,
 ) -> Result<Scheduler, String> {
     let who = format!("service {}", s.name);
     // A disaggregated service's scheduler picks among the prefill instances.
@@ -323,6 +325,10 @@ pub fn service(
                     min_hit_ratio: p.min_hit_ratio.unwrap_or(min_hit),
                     eligibility,
                 }));
+            }
+            if rendezvous {
+                // Replicas that share nothing agree where a new session or prefix goes.
+                fh = fh.then(RendezvousStage::default());
             }
             if least_cached.enabled {
                 fh = fh.then(LeastCachedStage(tolerance(

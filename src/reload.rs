@@ -222,7 +222,11 @@ impl Reloader {
                     Ok(false) => {}
                     Err(e) => warn!("config reload: tracing unchanged: {e}"),
                 }
-                let cluster = cfg.cluster.as_ref().map(crate::cluster::settings_key);
+                let cluster = cfg
+                    .cluster
+                    .as_ref()
+                    .filter(|c| c.redis.is_some())
+                    .map(crate::cluster::settings_key);
                 if cluster != self.shared.cluster.as_ref().map(|c| c.settings_key.clone()) {
                     warn!("config reload: cluster changes take effect only after a restart");
                 }

@@ -54,7 +54,8 @@ impl Shared {
             None => None,
         };
         let cluster_metrics = crate::cluster::ClusterMetrics::new(metrics.registry());
-        let cluster = match cfg.cluster.as_ref() {
+        // Without `redis` nothing is shared (`placement: rendezvous` is the schedulers').
+        let cluster = match cfg.cluster.as_ref().filter(|c| c.redis.is_some()) {
             Some(c) => Some(
                 crate::cluster::Cluster::new(c, cluster_metrics.clone())
                     .map_err(|e| ConfigErrors(vec![e]))?,

@@ -1067,3 +1067,169 @@ async fn without_cluster_nothing_is_shared() {
     .await;
     assert_eq!(admin(&g, "/admin/cluster").await["enabled"], false);
 }
+
+/// Sends a chat request to `g`; (instance, reason). Asserts a 200.
+async fn place(
+    c: &reqwest::Client,
+    g: &GatewayProc,
+    body: &serde_json::Value,
+    session: Option<&str>,
+) -> (String, String) {
+    let mut r = c.post(g.url("/v1/chat/completions")).json(body);
+    if let Some(s) = session {
+        r = r.header("x-session-id", s);
+    }
+    let r = r.send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let h = |k: &str| {
+        r.headers()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let out = (h("x-tokengate-instance"), h("x-tokengate-reason"));
+    r.bytes().await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_rendezvous_placement_makes_replicas_agree() {
+    // Two replicas that never talk (no Redis), one fleet whose load both scrape.
+    let fleet = sims(4, "m", "e", 100.0).await;
+    let yaml = format!(
+        "cluster: {{placement: rendezvous}}\n{}",
+        service(&fleet, "    engine_metrics: {interval: 100ms}\n")
+    );
+    let gws = [GatewayProc::start(&yaml), GatewayProc::start(&yaml)];
+    for g in &gws {
+        // Nothing shared, nothing to connect to.
+        assert_eq!(admin(g, "/admin/cluster").await["enabled"], false);
+        eventually("every engine scraped by both replicas", || async {
+            g.instances().await["instances"]
+                .as_array()
+                .is_some_and(|a| a.len() == 4 && a.iter().all(|i| i["engine"]["age_ms"].is_u64()))
+        })
+        .await;
+    }
+    let c = reqwest::Client::new();
+    // A fixed pseudo-random replica per session (an L4 balancer's choice, as far as the
+    // replicas can tell).
+    let mut lcg = 0x2545_f491_4f6c_dd1du64;
+    let mut pick = || {
+        lcg = lcg
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (lcg >> 33) as usize % 2
+    };
+    let mut homes = std::collections::BTreeSet::new();
+    for s in 0..16 {
+        let sid = format!("rv-sess-{s}");
+        let a = pick();
+        // Its first turn through one replica, its second (sharing nothing with the first, so
+        // no prefix match either) through the other, which has never seen the session.
+        let (first, why) = place(
+            &c,
+            &gws[a],
+            &chat("", &words(&format!("s{s}a"), 40), 2, false),
+            Some(&sid),
+        )
+        .await;
+        assert_eq!(why, "rendezvous(session)", "session {sid}");
+        let (second, why) = place(
+            &c,
+            &gws[1 - a],
+            &chat("", &words(&format!("s{s}b"), 40), 2, false),
+            Some(&sid),
+        )
+        .await;
+        assert_eq!(
+            why, "rendezvous(session)",
+            "session {sid} through the other replica"
+        );
+        assert_eq!(second, first, "session {sid}: the replicas placed it apart");
+        // The first replica keeps its binding.
+        let (third, why) = place(
+            &c,
+            &gws[a],
+            &chat("", &words(&format!("s{s}c"), 40), 2, false),
+            Some(&sid),
+        )
+        .await;
+        assert_eq!(
+            (third.as_str(), why.as_str()),
+            (first.as_str(), "affinity"),
+            "{sid}"
+        );
+        homes.insert(first);
+    }
+    assert!(homes.len() >= 3, "sessions not spread: {homes:?}");
+    // A new prefix without a session: its home from its first block, whichever replica.
+    let mut prefix_homes = std::collections::BTreeSet::new();
+    for p in 0..8 {
+        let long = words(&format!("rv-prefix-{p}-"), 300);
+        let a = pick();
+        let (first, why) = place(
+            &c,
+            &gws[a],
+            &chat("", &format!("{long} first question"), 2, false),
+            None,
+        )
+        .await;
+        assert_eq!(why, "rendezvous(prefix)", "prefix {p}");
+        let (second, why) = place(
+            &c,
+            &gws[1 - a],
+            &chat("", &format!("{long} second question"), 2, false),
+            None,
+        )
+        .await;
+        assert_eq!(
+            why, "rendezvous(prefix)",
+            "prefix {p} through the other replica"
+        );
+        assert_eq!(second, first, "prefix {p}: the replicas placed it apart");
+        // Through the first replica again: its own index has the prefix there.
+        let (third, why) = place(
+            &c,
+            &gws[a],
+            &chat("", &format!("{long} third question"), 2, false),
+            None,
+        )
+        .await;
+        assert_eq!(third, first, "prefix {p}");
+        assert!(why.starts_with("prefix("), "prefix {p}: {why}");
+        prefix_homes.insert(first);
+    }
+    assert!(
+        prefix_homes.len() >= 2,
+        "prefixes not spread: {prefix_homes:?}"
+    );
+}
+
+#[test]
+fn rendezvous_placement_needs_no_redis_and_is_checked() {
+    let svc = "services:\n  - name: m\n    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n      - {id: b, addr: 127.0.0.1:8001}\n";
+    let (ok, err) = check_yaml(&format!("cluster: {{placement: rendezvous}}\n{svc}"));
+    assert!(ok, "{err}");
+    // Without engine_metrics it warns: the hash alone, blind to load.
+    assert!(err.contains("services[0].engine_metrics"), "{err}");
+    // Without Redis, nothing else makes sense.
+    let (ok, err) = check_yaml(&format!("cluster: {{}}\n{svc}"));
+    assert!(!ok);
+    assert!(
+        err.contains("cluster.placement: without cluster.redis"),
+        "{err}"
+    );
+    let (ok, err) = check_yaml(&format!("cluster: {{placement: load}}\n{svc}"));
+    assert!(!ok);
+    assert!(err.contains("cluster.placement"), "{err}");
+    let (ok, err) = check_yaml(&format!("cluster: {{placement: hashed}}\n{svc}"));
+    assert!(!ok);
+    assert!(err.contains("cluster.placement"), "{err}");
+    // With Redis it may be chosen too.
+    let (ok, err) = check_yaml(&format!(
+        "cluster: {{placement: rendezvous, redis: {{url: \"redis://127.0.0.1:6379\"}}}}\n{svc}"
+    ));
+    assert!(ok, "{err}");
+}

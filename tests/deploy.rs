@@ -416,7 +416,7 @@ fn the_cluster_deployments_share_state_on_their_redis() {
     let svc = redis.iter().find(|d| d["kind"] == "Service").unwrap();
     let name = svc["metadata"]["name"].as_str().unwrap();
     let p = svc["spec"]["ports"][0]["port"].as_u64().unwrap();
-    assert_eq!(c.redis.url, format!("redis://{name}:{p}"));
+    assert_eq!(c.redis.as_ref().unwrap().url, format!("redis://{name}:{p}"));
     assert_eq!(
         yaml("docker/k8s-cluster/replicas.yaml")["spec"]["replicas"],
         Value::from(3)
@@ -426,7 +426,7 @@ fn the_cluster_deployments_share_state_on_their_redis() {
     let compose = yaml("docker/compose.yaml");
     let cfg = config(&read("docker/cluster.yaml"), "docker/cluster.yaml");
     assert_eq!(
-        cfg.cluster.as_ref().unwrap().redis.url,
+        cfg.cluster.as_ref().unwrap().redis.as_ref().unwrap().url,
         "redis://redis:6379"
     );
     let haproxy = read("docker/haproxy.cfg");

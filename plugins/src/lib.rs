@@ -46,7 +46,8 @@ pub use filter::{Available, DecisionTarget, HasFreeSlot, NotTried, RoleIs};
 pub use hash::{block_hashes, block_hashes_into, InstanceKey, SessionKey};
 pub use layered::{
     Adaptive, AffinityMode, AffinityStage, CostTolerance, Eligibility, Escape, FirstHit,
-    LeastCachedStage, PrefixLayerConfig, PrefixStage, Stage, PREFIX_SPILL,
+    LeastCachedStage, PrefixLayerConfig, PrefixStage, RendezvousStage, Stage, PREFIX_SPILL,
+    RENDEZVOUS_PREFIX, RENDEZVOUS_SESSION,
 };
 pub use pair::PairPicker;
 pub use pipeline::{Completion, Filter, Outcome, Picker, Pipeline};

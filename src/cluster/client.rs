@@ -89,7 +89,8 @@ impl std::fmt::Debug for Cluster {
 
 /// What identifies `cluster:` settings (see [`Cluster::settings_key`]).
 pub fn settings_key(cfg: &ClusterSettings) -> String {
-    format!("{cfg:?}")
+    // `placement` is the schedulers', rebuilt on every reload.
+    format!("{:?}", (&cfg.redis, &cfg.replica, cfg.heartbeat, cfg.lease))
 }
 
 fn default_replica() -> String {
@@ -106,20 +107,24 @@ fn default_replica() -> String {
 impl Cluster {
     /// The cluster client of validated settings (no connection yet: [`super::run`] connects).
     pub fn new(cfg: &ClusterSettings, m: ClusterMetrics) -> Result<Arc<Cluster>, String> {
-        let client = redis::Client::open(cfg.redis.url.as_str()).map_err(|e| {
+        let r = cfg
+            .redis
+            .as_ref()
+            .ok_or("cluster.redis: required for shared state")?;
+        let client = redis::Client::open(r.url.as_str()).map_err(|e| {
             format!(
                 "cluster.redis.url: {:?} is not a valid Redis URL: {e}",
-                masked_url(&cfg.redis.url)
+                masked_url(&r.url)
             )
         })?;
         let (tx, rx) = mpsc::channel(OUTBOX);
         Ok(Arc::new(Cluster {
             replica: cfg.replica.clone().unwrap_or_else(default_replica),
             settings_key: settings_key(cfg),
-            url: masked_url(&cfg.redis.url),
+            url: masked_url(&r.url),
             client,
-            prefix: cfg.redis.key_prefix.clone(),
-            timeout: cfg.redis.timeout,
+            prefix: r.key_prefix.clone(),
+            timeout: r.timeout,
             heartbeat: cfg.heartbeat,
             lease_ms: cfg.lease.as_millis() as u64,
             conn: OnceLock::new(),

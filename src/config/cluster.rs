@@ -1,5 +1,7 @@
 //! `cluster:`: several gateway replicas that route as one, their shared state on Redis
-//! ([`crate::cluster`]). Absent: a single replica, nothing shared, no Redis.
+//! ([`crate::cluster`]), or, without Redis, agreeing where a new session or prefix goes by
+//! rendezvous hashing (`placement: rendezvous`). Absent: a single replica, nothing shared,
+//! no Redis.
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -7,8 +9,17 @@ use std::time::Duration;
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSettings {
-    /// The shared store.
-    pub redis: RedisSettings,
+    /// The shared store. Absent: the replicas share nothing (`placement: rendezvous` is then
+    /// required: what they can agree on without talking).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisSettings>,
+    /// Where the layered scheduler puts a new session or a prefix cached nowhere: `load` (the
+    /// scheduler's own layers: least-cached, then balancing — with Redis on the fleet's
+    /// load) or `rendezvous` (a weighted rendezvous hash of the session or first block over
+    /// the engines' scraped load, the same on every replica). Default: `load` with `redis`;
+    /// without it, `rendezvous` must be set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
     /// This replica's name in `/admin/cluster` (default: host name, process id and a random
     /// suffix; two replicas must not share one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -20,6 +31,17 @@ pub struct ClusterSettings {
     /// its slots back after this long (and leaves `/admin/cluster` after 3 heartbeats).
     #[serde(default = "d_lease", with = "humantime_serde")]
     pub lease: Duration,
+}
+
+/// `cluster.placement`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// The layered scheduler's own layers (least-cached, then balancing).
+    Load,
+    /// Weighted rendezvous hashing over the engines' scraped load
+    /// ([`tokengate_plugins::RendezvousStage`]).
+    Rendezvous,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -63,8 +85,21 @@ fn mask_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
 }
 
 impl ClusterSettings {
+    /// Whether new sessions and prefixes are placed by rendezvous hashing.
+    pub fn rendezvous(&self) -> bool {
+        self.placement == Some(Placement::Rendezvous)
+    }
+
     pub(super) fn validate(&self, errs: &mut Vec<String>) {
-        let r = &self.redis;
+        let Some(r) = &self.redis else {
+            if !self.rendezvous() {
+                errs.push(
+                    "cluster.placement: without cluster.redis the replicas share nothing; set `placement: rendezvous` (replicas agree where new sessions and prefixes go) or give `redis: {url}`"
+                        .into(),
+                );
+            }
+            return;
+        };
         if !(r.url.starts_with("redis://") || r.url.starts_with("rediss://")) {
             errs.push(format!(
                 "cluster.redis.url: {:?} is not a Redis URL (expected redis://host:port, or rediss:// for TLS)",

@@ -37,7 +37,7 @@ mod timeouts;
 mod tracing;
 
 pub use crate::tls::TlsSettings;
-pub use cluster::{masked_url, ClusterSettings, RedisSettings};
+pub use cluster::{masked_url, ClusterSettings, Placement, RedisSettings};
 pub use decision::{DecisionSettings, ProviderConfig};
 pub use global::{EndpointUrl, GlobalSettings, MemberConfig};
 pub use health::{HealthCheckSettings, PassiveHealthSettings};
@@ -256,6 +256,15 @@ impl Config {
         }
         if self.split.is_none() {
             tenants::warnings(&self.tenants, &self.services, &self.routes, &mut w);
+        }
+        if self.cluster.as_ref().is_some_and(|c| c.rendezvous()) {
+            for (si, s) in self.services.iter().enumerate() {
+                if s.engine_metrics.is_none() && s.instances.len() > 1 {
+                    w.push(format!(
+                        "services[{si}].engine_metrics: not set, so `cluster.placement: rendezvous` places new sessions and prefixes by the hash alone, blind to the engines' load (set `engine_metrics: {{}}` to weigh it)"
+                    ));
+                }
+            }
         }
         for (ri, r) in self.routes.iter().enumerate() {
             if r.decision.is_some() && !r.uses_decision() {

@@ -104,6 +104,8 @@ pub(super) struct Context<'a> {
     pub(super) cost: &'a Arc<CostModel>,
     pub(super) metrics: &'a Metrics,
     pub(super) now: u64,
+    /// `cluster.placement: rendezvous`.
+    pub(super) rendezvous: bool,
 }
 
 impl Service {
@@ -133,9 +135,16 @@ impl Service {
             Instance::build_into(&path, i, &parts, cx.prev_instances, &mut instances, errs);
         }
         let index = prefix_index(s, prev, cx.prefix_index);
-        let sched = pipelines::service(si, s, prev.map(|p| &p.sched), cx.cost, cx.now)
-            .map_err(|e| errs.push(e))
-            .ok()?;
+        let sched = pipelines::service(
+            si,
+            s,
+            prev.map(|p| &p.sched),
+            cx.cost,
+            cx.now,
+            cx.rendezvous,
+        )
+        .map_err(|e| errs.push(e))
+        .ok()?;
         Some(Service {
             name: s.name.clone(),
             served: s.served().to_string(),

@@ -219,6 +219,7 @@ fn services(
         cost,
         metrics,
         now,
+        rendezvous: cfg.cluster.as_ref().is_some_and(|c| c.rendezvous()),
     };
     let mut services = HashMap::new();
     let mut ordered = Vec::new();

@@ -311,7 +311,7 @@ pub fn cluster_off() -> ClusterOff {
         enabled: false,
         state: "off".into(),
         replicas: Vec::new(),
-        note: "no `cluster:` in the config: this replica routes on its own".into(),
+        note: "no `cluster.redis` in the config: this replica shares no state (with `cluster.placement: rendezvous` it still agrees with the others where new sessions and prefixes go)".into(),
     }
 }
 

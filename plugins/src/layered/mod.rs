@@ -27,7 +27,10 @@
 //!    another has room.
 //! 3. **Least cached** (optional, [`LeastCachedStage`]): among the candidates with a near-best
 //!    predicted TTFT (and with room in its KV cache, as above), the one the prefix index
-//!    believes holds the fewest blocks. Reason `least-cached`.
+//!    believes holds the fewest blocks. Reason `least-cached`. With `cluster: {placement:
+//!    rendezvous}` a [`RendezvousStage`] comes first: the session's (or the first block's)
+//!    weighted rendezvous hash over the engines' scraped load, the same on every replica
+//!    (`rendezvous(session)`, `rendezvous(prefix)`).
 //! 4. **Load balancing**: [`balance::pick`] with the picker's policy. Always routes.
 //!
 //! A stage is read-only while deciding; the gateway reports the dispatch
@@ -52,6 +55,7 @@ mod affinity;
 mod ctx;
 mod least_cached;
 mod prefix;
+mod rendezvous;
 
 /// No layer placed the request: the load balancing policy chooses (predicted TTFT: the lowest
 /// estimate, exact ties at random).
@@ -92,6 +96,7 @@ pub use affinity::{AffinityMode, AffinityStage, Escape};
 pub use ctx::{CostTolerance, Hit, LayerCtx, Row, Stage};
 pub use least_cached::LeastCachedStage;
 pub use prefix::{Eligibility, PrefixLayerConfig, PrefixStage, PREFIX_SPILL};
+pub use rendezvous::{RendezvousStage, RENDEZVOUS_PREFIX, RENDEZVOUS_SESSION};
 
 /// Layered mode: the stages in order, then load balancing by `policy`. See the module docs.
 pub struct FirstHit {
