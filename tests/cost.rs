@@ -203,6 +203,31 @@ async fn a_huge_max_tokens_counts_as_a_few_average_answers_in_flight() {
     assert_eq!(v["services"][0]["mean_output_tokens"], 252, "{v:#}");
 }
 
+/// `n` streams of `max_tokens` sent straight to the engine (not through the gateway), open
+/// until dropped.
+async fn busy_directly(
+    sim: &engine_sim::SimHandle,
+    n: usize,
+    max_tokens: u32,
+) -> Vec<reqwest::Response> {
+    let direct = reqwest::Client::new();
+    let mut held = Vec::new();
+    for _ in 0..n {
+        held.push(
+            direct
+                .post(format!("{}/v1/chat/completions", sim.url()))
+                .json(
+                    &serde_json::json!({"model": "m", "stream": true, "max_tokens": max_tokens,
+                    "messages": [{"role": "user", "content": "busy"}]}),
+                )
+                .send()
+                .await
+                .unwrap(),
+        );
+    }
+    held
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_metrics_in_sglang_names_are_read_too() {
     let sim = engine_sim::spawn_local(engine_sim::SimConfig {
@@ -220,21 +245,7 @@ async fn engine_metrics_in_sglang_names_are_read_too() {
         "services:\n  - name: m\n    engine_metrics: {{interval: 50ms}}\n{}",
         sim_instances(std::slice::from_ref(&sim))
     ));
-    let direct = reqwest::Client::new();
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        held.push(
-            direct
-                .post(format!("{}/v1/chat/completions", sim.url()))
-                .json(
-                    &serde_json::json!({"model": "m", "stream": true, "max_tokens": 400,
-                    "messages": [{"role": "user", "content": "busy"}]}),
-                )
-                .send()
-                .await
-                .unwrap(),
-        );
-    }
+    let held = busy_directly(&sim, 2, 400).await;
     eventually(
         "sglang:num_running_reqs / num_queue_reqs in /admin",
         || async {
@@ -654,21 +665,7 @@ async fn least_waiting_goes_around_an_engine_queue_other_clients_filled() {
         sim_instances(&fleet)
     ));
     // Two streams straight to e1: one runs (its batch holds one), one waits in its queue.
-    let direct = reqwest::Client::new();
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        held.push(
-            direct
-                .post(format!("{}/v1/chat/completions", fleet[0].url()))
-                .json(
-                    &serde_json::json!({"model": "m", "stream": true, "max_tokens": 4000,
-                    "messages": [{"role": "user", "content": "busy"}]}),
-                )
-                .send()
-                .await
-                .unwrap(),
-        );
-    }
+    let held = busy_directly(&fleet[0], 2, 4000).await;
     eventually("e1's queue in /admin", || async {
         let v = gw.instances().await;
         v["instances"]

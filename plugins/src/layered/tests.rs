@@ -899,22 +899,34 @@ fn a_hot_tenants_second_home_opens_when_its_first_is_saturated_and_not_before() 
     assert_eq!((pos, why.as_str()), (0, "prefix(0.80)"));
 }
 
-#[test]
-fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_freely() {
-    let p = adaptive_pipeline();
+/// `n` idle instances (of [`queued`]) and a 1,024-token prompt (64 blocks) the first holds
+/// whole: the prompt, its match, the candidates.
+fn held_by_first(n: usize) -> (Vec<u64>, PrefixMatch, Vec<Candidate>) {
     let index = PrefixIndex::default();
-    let prompt: Vec<u64> = (0..64).collect(); // 1,024 tokens
-    let mut cs: Vec<Candidate> = (0..3).map(|i| queued(i, 0, 0)).collect();
+    let prompt: Vec<u64> = (0..64).collect();
+    let cs: Vec<Candidate> = (0..n).map(|i| queued(i, 0, 0)).collect();
     index.insert(&prompt, cs[0].key, 0);
     let m = index.match_prefix(&prompt, 0);
-    let r = RequestView {
-        blocks: &prompt,
-        prefix: Some(&m),
+    (prompt, m, cs)
+}
+
+/// The request of [`held_by_first`]'s prompt, explained.
+fn held_request<'a>(prompt: &'a [u64], m: &'a PrefixMatch) -> RequestView<'a> {
+    RequestView {
+        blocks: prompt,
+        prefix: Some(m),
         prompt_tokens: 1024,
         block_tokens: 16,
         explain: true,
         ..Default::default()
-    };
+    }
+}
+
+#[test]
+fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_freely() {
+    let p = adaptive_pipeline();
+    let (prompt, m, mut cs) = held_by_first(3);
+    let r = held_request(&prompt, &m);
     let pick = |cs: &[Candidate]| p.pick(&r, cs, &mut StdRng::seed_from_u64(0)).unwrap();
     // 1,500 queued: below 1,024 + 1,024 → stays.
     cs[0] = queued(0, 1500, 3);
@@ -941,19 +953,8 @@ fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_fre
 #[test]
 fn decoding_load_alone_does_not_move_a_prompt_off_its_holder() {
     let p = adaptive_pipeline();
-    let index = PrefixIndex::default();
-    let prompt: Vec<u64> = (0..64).collect(); // 1,024 tokens
-    let mut cs: Vec<Candidate> = (0..8).map(|i| queued(i, 0, 0)).collect();
-    index.insert(&prompt, cs[0].key, 0);
-    let m = index.match_prefix(&prompt, 0);
-    let r = RequestView {
-        blocks: &prompt,
-        prefix: Some(&m),
-        prompt_tokens: 1024,
-        block_tokens: 16,
-        explain: true,
-        ..Default::default()
-    };
+    let (prompt, m, mut cs) = held_by_first(8);
+    let r = held_request(&prompt, &m);
     let pick = |cs: &[Candidate]| p.pick(&r, cs, &mut StdRng::seed_from_u64(0)).unwrap();
     // A hot tenant's home among idle engines: 40,000 tokens decoding (the average is
     // 5,000, the load rail 20,000), nothing waiting for a first token → its prefill starts
