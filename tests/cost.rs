@@ -684,14 +684,7 @@ async fn least_waiting_goes_around_an_engine_queue_other_clients_filled() {
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        let inst = r.headers()["x-tokengate-instance"]
-            .to_str()
-            .unwrap()
-            .to_string();
-        let reason = r.headers()["x-tokengate-reason"]
-            .to_str()
-            .unwrap()
-            .to_string();
+        let (inst, reason) = routed(&r);
         r.bytes().await.unwrap();
         assert_eq!(inst, "e2", "request {k}: {reason}");
         assert!(reason.starts_with("policy(waiting="), "{reason}");

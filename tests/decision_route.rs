@@ -35,14 +35,7 @@ async fn ask(gw: &GatewayProc, text: &str) -> (String, String) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let inst = r.headers()["x-tokengate-instance"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    let reason = r.headers()["x-tokengate-reason"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let (inst, reason) = routed(&r);
     assert!(reason.starts_with("decision("), "{reason}");
     let v: serde_json::Value = r.json().await.unwrap();
     (inst, v["model"].as_str().unwrap().to_string())

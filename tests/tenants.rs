@@ -620,11 +620,7 @@ async fn a_deep_backlog_does_not_starve_a_light_tenant() {
     }
     let order = done.lock().clone();
     // From the light tenant's arrival to its last answer, both were backlogged.
-    let last = order.iter().rposition(|x| *x == "l").unwrap();
-    let window = &order[before..=last];
-    let light = window.iter().filter(|x| **x == "l").count();
-    let share = light as f64 / window.len() as f64;
-    eprintln!("light share {share:.2} over {window:?}");
+    let share = share_while_backlogged(&order, before, "l");
     assert!(share >= 0.4, "light tenant got {share:.2}: {order:?}");
 }
 

@@ -9,7 +9,7 @@ pub(crate) mod tls;
 
 // In every test's `use common::*` (not every test uses them).
 #[allow(unused_imports)]
-pub(crate) use requests::{chat, words};
+pub(crate) use requests::{chat, routed, share_while_backlogged, words};
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

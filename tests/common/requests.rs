@@ -1,4 +1,4 @@
-//! What the tests send: prompt text and chat completion bodies.
+//! What the tests send (prompt text and chat completion bodies) and read back of routing.
 
 use serde_json::{json, Value};
 
@@ -17,4 +17,21 @@ pub(crate) fn chat(system: &str, user: &str, max_tokens: u64, stream: bool) -> V
     }
     messages.push(json!({"role": "user", "content": user}));
     json!({"model": "m", "max_tokens": max_tokens, "stream": stream, "messages": messages})
+}
+
+/// The routing headers of an answer: `x-tokengate-instance` and `x-tokengate-reason`.
+pub(crate) fn routed(r: &reqwest::Response) -> (String, String) {
+    let h = |name: &str| r.headers()[name].to_str().unwrap().to_string();
+    (h("x-tokengate-instance"), h("x-tokengate-reason"))
+}
+
+/// The share of `label`'s answers among those that ended after the first `before` answers,
+/// up to `label`'s last: the window in which `label` and the others were both backlogged
+/// (`order`: the labels in the order their answers ended). Prints the window.
+pub(crate) fn share_while_backlogged(order: &[&str], before: usize, label: &str) -> f64 {
+    let last = order.iter().rposition(|x| *x == label).unwrap();
+    let window = &order[before..=last];
+    let share = window.iter().filter(|x| **x == label).count() as f64 / window.len() as f64;
+    eprintln!("{label} share {share:.2} over {window:?}");
+    share
 }
