@@ -104,6 +104,10 @@ pub struct Estimate {
     /// The instance's prefill utilization: the share of recent routing decisions that found
     /// requests waiting for their first token there (0 until [`CostModel::utilization`]).
     pub rho: f64,
+    /// Requests the gateway dispatched to the instance per second, lately (decayed over
+    /// [`ARRIVAL_TAU_MS`]; 0 until [`CostModel::utilization`]): the rate at which its live
+    /// sessions come back.
+    pub lambda: f64,
 }
 
 impl Estimate {
@@ -116,6 +120,24 @@ impl Estimate {
         self.own_ms * r / (1.0 - r)
     }
 }
+
+impl Estimate {
+    /// What this request's own prefill costs the requests that arrive at the instance while
+    /// it waits and runs, summed over them (ms): those arriving during the queue ahead of it
+    /// wait `own` longer each, those arriving during its own prefill `own / 2` on average, so
+    /// `λ · own · (queue + own / 2)`, λ the instance's arrival rate ([`Self::lambda`]).
+    /// Quadratic in the prompt: a cold 12k-token prefill on an engine whose live sessions
+    /// come back every second stalls several warm turns behind it, where a 1k prompt's
+    /// costs them a few milliseconds.
+    pub fn harm_ms(&self) -> f64 {
+        self.lambda.max(0.0) * self.own_ms / 1000.0 * (self.queue_ms + self.own_ms / 2.0)
+    }
+}
+
+/// Time constant of an instance's arrival rate ([`Estimate::lambda`], ms): about the time a
+/// session takes to come back for its next turn, long enough to count the live sessions
+/// there, short enough to follow sessions that ended.
+pub const ARRIVAL_TAU_MS: f64 = 10_000.0;
 
 /// The highest utilization [`Estimate::queue_cost_ms`] counts (a saturated instance: × 19).
 pub const RHO_CAP: f64 = 0.95;
@@ -139,6 +161,9 @@ impl Estimate {
         if self.rho > 0.0 {
             let _ = write!(out, " busy={:.2}", self.rho);
         }
+        if self.lambda > 0.0 {
+            let _ = write!(out, " arrivals={:.1}/s", self.lambda);
+        }
         out.push(')');
     }
 }
@@ -154,6 +179,9 @@ pub struct CostModel {
     /// Per instance: the share of recent decisions that found it with requests waiting for
     /// their first token ([`Self::utilization`]).
     busy: parking_lot::Mutex<HashMap<InstanceKey, f64>>,
+    /// Per instance: its decayed dispatch count and when it was last updated (ms)
+    /// ([`Self::dispatched`]).
+    arrivals: parking_lot::Mutex<HashMap<InstanceKey, (f64, u64)>>,
 }
 
 impl CostModel {
@@ -181,6 +209,8 @@ impl CostModel {
     /// Forgets an instance (it left).
     pub fn forget(&self, key: InstanceKey) {
         self.learned.write().remove(&key);
+        self.busy.lock().remove(&key);
+        self.arrivals.lock().remove(&key);
     }
 
     /// Learns from a completed request on `key`.
@@ -198,8 +228,17 @@ impl CostModel {
             l.step_samples = l.step_samples.saturating_add(1);
         }
         // Prefill rate: only from requests with real prefill work (a cache hit's TTFT is one
-        // decode step, which says nothing about the prefill rate).
-        let work = (o.queued_tokens + o.uncached_tokens) as f64;
+        // decode step, which says nothing about the prefill rate), and none queued ahead of
+        // them. The work queued ahead is counted whole at dispatch, however far the engine
+        // had got with it: a request sent 5 s into someone's 6-s prefill saw all of it
+        // queued and waited 1 s, and taught a rate several times too high (learned 6.0k/s
+        // where the engine does 2.3k/s, in `many-12k-people-half-high-8eq`), which then drew
+        // every cold prompt there.
+        let work = if o.queued_tokens == 0 {
+            o.uncached_tokens as f64
+        } else {
+            0.0
+        };
         let step = if l.step_samples > 0 {
             l.step_ms
         } else {
@@ -280,6 +319,7 @@ impl CostModel {
                 decode_ms: step,
                 tps,
                 rho: 0.0,
+                lambda: 0.0,
             };
         }
     }
@@ -289,7 +329,9 @@ impl CostModel {
     /// `out[i].rho`. Call once per routing decision, after [`Self::estimate_all`]: arrivals
     /// see time averages, so the share of decisions that find an instance busy estimates its
     /// prefill utilization.
-    pub fn utilization(&self, cands: &[Candidate], out: &mut [Estimate]) {
+    /// Also writes each one's arrival rate at `now_ms` ([`Self::arrivals`]).
+    pub fn utilization(&self, cands: &[Candidate], now_ms: u64, out: &mut [Estimate]) {
+        self.arrivals(cands, now_ms, out);
         let mut busy = self.busy.lock();
         for (e, c) in out.iter_mut().zip(cands) {
             let x = if c.waiting > 0 || c.engine.is_some_and(|el| el.waiting > 0) {
@@ -303,12 +345,37 @@ impl CostModel {
         }
     }
 
+    /// Counts a request dispatched to `key` at `now_ms` into its arrival rate
+    /// ([`Estimate::lambda`]).
+    pub fn dispatched(&self, key: InstanceKey, now_ms: u64) {
+        let mut a = self.arrivals.lock();
+        let (n, at) = a.entry(key).or_insert((0.0, now_ms));
+        *n = decay(*n, *at, now_ms) + 1.0;
+        *at = now_ms.max(*at);
+    }
+
+    /// Writes each candidate's arrival rate at `now_ms` (requests per second, from
+    /// [`Self::dispatched`]) to `out[i].lambda`.
+    pub fn arrivals(&self, cands: &[Candidate], now_ms: u64, out: &mut [Estimate]) {
+        let a = self.arrivals.lock();
+        for (e, c) in out.iter_mut().zip(cands) {
+            e.lambda = a.get(&c.key).map_or(0.0, |(n, at)| {
+                decay(*n, *at, now_ms) * 1000.0 / ARRIVAL_TAU_MS
+            });
+        }
+    }
+
     /// Every instance's learned figures (for `/admin`).
     pub fn snapshot(&self) -> Vec<(InstanceKey, Learned)> {
         let mut v: Vec<_> = self.learned.read().iter().map(|(k, l)| (*k, *l)).collect();
         v.sort_by_key(|(k, _)| k.0);
         v
     }
+}
+
+/// `n` counted at `at`, decayed to `now` over [`ARRIVAL_TAU_MS`].
+fn decay(n: f64, at: u64, now: u64) -> f64 {
+    n * (-(now.saturating_sub(at) as f64) / ARRIVAL_TAU_MS).exp()
 }
 
 #[cfg(test)]
@@ -381,13 +448,13 @@ mod tests {
             prior_step_ms: 10.0,
             ..CostConfig::default()
         });
-        // Instance 1 prefills 1000 tok/s: 500 queued + 500 own took 1 s + one 10 ms step.
+        // Instance 1 prefills 1000 tok/s: 1000 own tokens took 1 s + one 10 ms step.
         for _ in 0..5 {
             m.observe(
                 InstanceKey(1),
                 &Observation {
-                    queued_tokens: 500,
-                    uncached_tokens: 500,
+                    queued_tokens: 0,
+                    uncached_tokens: 1000,
                     ttft_ms: 1010.0,
                     tpot_ms: Some(10.0),
                 },
@@ -407,6 +474,21 @@ mod tests {
             },
         );
         assert_eq!(m.learned(InstanceKey(1)).prefill_samples, 5);
+        // Nor does a request with work queued ahead of it: how much of that work the engine
+        // had done when it was sent is unknown (sent near the end of a 12k prefill, it waited
+        // a moment and would teach 13 times the rate).
+        m.observe(
+            InstanceKey(1),
+            &Observation {
+                queued_tokens: 12_000,
+                uncached_tokens: 1000,
+                ttft_ms: 1010.0,
+                tpot_ms: None,
+            },
+        );
+        let l = m.learned(InstanceKey(1));
+        assert_eq!(l.prefill_samples, 5);
+        assert!((l.prefill_tps - 1000.0).abs() < 1.0, "{l:?}");
         // Instance 2 has no history: it gets the fleet's learned 1000 tok/s, not the
         // optimistic prior (and not a pessimistic one that would starve it).
         let e = est(&m, &req(1000), &[cand(1, 0), cand(2, 0)]);
@@ -422,8 +504,8 @@ mod tests {
                 m.observe(
                     InstanceKey(k),
                     &Observation {
-                        queued_tokens: 4000,
-                        uncached_tokens: 4000,
+                        queued_tokens: 0,
+                        uncached_tokens: 8000,
                         ttft_ms: 1000.0,
                         tpot_ms: Some(20.0),
                     },
@@ -447,6 +529,42 @@ mod tests {
         let e = est(&m, &r, &cs);
         let best = (0..4).min_by(|&a, &b| e[a].ms.total_cmp(&e[b].ms)).unwrap();
         assert_eq!(best, 3, "{e:?}");
+    }
+
+    #[test]
+    fn arrivals_decay_and_a_prefills_harm_is_quadratic_in_its_length() {
+        let m = CostModel::new(CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 0.0,
+            ..CostConfig::default()
+        });
+        let (busy, quiet) = (cand(1, 0), cand(2, 0));
+        for _ in 0..10 {
+            m.dispatched(busy.key, 50_000);
+        }
+        let harm = |tokens: u64, now: u64| {
+            let mut e = est(&m, &req(tokens), &[busy, quiet]);
+            m.arrivals(&[busy, quiet], now, &mut e);
+            (e[0].lambda, e[0].harm_ms(), e[1].harm_ms())
+        };
+        // 10 requests within the 10-s time constant: 1 per second.
+        let (lambda, h1, q1) = harm(1000, 50_000);
+        assert!((lambda - 1.0).abs() < 1e-9, "{lambda}");
+        // 1,000 tokens prefill 1 s: those arriving meanwhile (1) wait 0.5 s on average.
+        assert!((h1 - 500.0).abs() < 1e-6, "{h1}");
+        assert_eq!(q1, 0.0);
+        // Twice the prompt, four times the harm.
+        let (_, h2, _) = harm(2000, 50_000);
+        assert!((h2 - 4.0 * h1).abs() < 1e-6, "{h2}");
+        // A time constant later, a third of the rate is left.
+        let (lambda, _, _) = harm(1000, 60_000);
+        assert!((lambda - (-1.0f64).exp()).abs() < 1e-9, "{lambda}");
+        // Work queued ahead: those arriving during it wait the whole prefill more.
+        let mut q = busy;
+        q.prefill_tokens = 1000;
+        let mut e = est(&m, &req(1000), &[q]);
+        m.arrivals(&[q], 50_000, &mut e);
+        assert!((e[0].harm_ms() - 1500.0).abs() < 1e-6, "{:?}", e[0]);
     }
 
     #[test]

@@ -146,6 +146,7 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                         s.pipeline.on_dispatch(&view, &l.cand);
                     }
                     l.service.index.insert(&plan.blocks, l.instance.key, now);
+                    plan.runtime.cost.dispatched(l.instance.key, now);
                     super::cluster::dispatched(shared, plan, l);
                     l.instance
                         .bound_index(&l.service.index, plan.runtime.block_tokens);

@@ -15,8 +15,13 @@ use crate::decision::Layer;
 /// held blocks sit at its cache size); ties: lower load, then a rotation. Whatever lands there
 /// will be cached there, so cold prompts fill the emptiest caches first and the fleet's
 /// caches hold more distinct prefixes between them, rather than whichever instance was
-/// momentarily least loaded taking a hot new tenant next to its other hot ones. Reason
-/// `least-cached`.
+/// momentarily least loaded taking a hot new tenant next to its other hot ones. Among those,
+/// only the ones where the prompt's prefill costs the requests arriving behind it
+/// ([`Estimate::harm_ms`](crate::cost::Estimate::harm_ms): the instance's arrival rate × the
+/// prefill × the queue and half the prefill) no more than the least such cost + the
+/// tolerance's slack: a short prompt's cost is a few milliseconds anywhere and the placed
+/// blocks decide; a long cold prompt goes where the fewest live sessions will come back
+/// while it prefills. Reason `least-cached`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LeastCachedStage(pub CostTolerance);
 
@@ -49,11 +54,27 @@ impl Stage for LeastCachedStage {
         if any_fits && cx.req.explain {
             kv_check(cx, "least-cached");
         }
+        let fits = |i: usize| cx.cost_eligible(i, &t) && (!any_fits || cx.cands[i].kv_fits(prompt));
+        // What its prefill costs the requests arriving behind it: the least of it, and the
+        // room above that within which placed blocks decide.
+        let harm = |i: usize| cx.est.get(i).map_or(0.0, |e| e.harm_ms());
+        let least_harm = (0..n)
+            .filter(|&i| fits(i))
+            .map(harm)
+            .fold(f64::INFINITY, f64::min);
+        let harm_cap = least_harm + t.slack_ms;
+        let cuts = cx.req.explain && (0..n).any(|i| fits(i) && harm(i) > harm_cap);
+        let note = cuts.then(|| {
+            format!(
+                "least-cached: and if harm (arrivals x own x (queue + own/2)) <= least+{}ms={harm_cap:.0}ms",
+                t.slack_ms
+            )
+        });
         let start = (cx.req.turn % n as u64) as usize;
         let mut best: Option<usize> = None;
         for step in 0..n {
             let i = (start + step) % n;
-            if !cx.cost_eligible(i, &t) || (any_fits && !cx.cands[i].kv_fits(prompt)) {
+            if !fits(i) || harm(i) > harm_cap {
                 continue;
             }
             let key = |j: usize| (cx.cands[j].placed_blocks, cx.rows[j].load);
@@ -61,6 +82,7 @@ impl Stage for LeastCachedStage {
                 best = Some(i);
             }
         }
+        cx.notes.extend(note);
         best.map(|pos| Hit {
             pos,
             layer: Layer::Balance,

@@ -231,7 +231,7 @@ impl Picker for FirstHit {
         };
         if !est.is_empty() {
             self.cost.estimate_all(req, cands, est);
-            self.cost.utilization(cands, est);
+            self.cost.utilization(cands, req.now_ms, est);
         }
         let min_est = est.iter().map(|e| e.ms).fold(f64::INFINITY, f64::min);
         let est: &[Estimate] = est;

@@ -129,6 +129,68 @@ fn least_cached_sends_a_cold_prompt_to_the_emptiest_cache_that_is_not_far_slower
 }
 
 #[test]
+fn a_long_cold_prompt_goes_where_fewer_sessions_come_back_and_a_short_one_by_cache() {
+    let cost = Arc::new(CostModel::default()); // 8,000 tokens/s, 20 ms steps
+    let fh = FirstHit::balance(LbPolicy::LeastToken)
+        .with_cost(cost.clone())
+        .then(PrefixStage::default())
+        .then(LeastCachedStage(CostTolerance::default()));
+    let p = Pipeline::new(fh);
+    let mut cs = idle(3);
+    for (c, held) in cs.iter_mut().zip([10, 100, 100]) {
+        c.placed_blocks = held;
+    }
+    cs[2].inflight_tokens = 1;
+    // Instance 0, the emptiest cache, had 10 requests in the last second: its sessions come
+    // back about once a second (10 within the 10-s time constant).
+    let now = 60_000;
+    for t in 0..10 {
+        cost.dispatched(cs[0].key, now - 1000 + t * 100);
+    }
+    let pick = |tokens: u64| {
+        let r = RequestView {
+            blocks: &[7, 8, 9],
+            prompt_tokens: tokens,
+            block_tokens: 16,
+            now_ms: now,
+            explain: true,
+            ..Default::default()
+        };
+        p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap()
+    };
+    // 12,000 cold tokens prefill 1.5 s: on 0 the warm turns arriving meanwhile wait ~0.75 s
+    // each (~1.1 s in all); on 1 nobody does. The lower load of the two without arrivals.
+    let d = pick(12_000);
+    assert_eq!(
+        (d.idx, d.reason.as_ref()),
+        (1, "least-cached"),
+        "{}",
+        d.explain()
+    );
+    assert!(d.explain().contains("harm"), "{}", d.explain());
+    // 1,000 tokens prefill 125 ms: ~8 ms for those behind, within the slack: the cache.
+    let d = pick(1000);
+    assert_eq!(
+        (d.idx, d.reason.as_ref()),
+        (0, "least-cached"),
+        "{}",
+        d.explain()
+    );
+    // Once instance 0's sessions are gone (a minute later), the long prompt goes there too.
+    let r = RequestView {
+        blocks: &[7, 8, 9],
+        prompt_tokens: 12_000,
+        block_tokens: 16,
+        now_ms: now + 60_000,
+        ..Default::default()
+    };
+    assert_eq!(
+        p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap().idx,
+        0
+    );
+}
+
+#[test]
 fn empty_candidates_is_none() {
     let f = Fixture::new(LbPolicy::LeastRequest, Some(AffinityMode::Soft), true);
     assert!(f.decide(&RequestView::default(), &[]).is_none());

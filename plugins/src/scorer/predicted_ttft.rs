@@ -176,17 +176,26 @@ impl Scorer for PredictedTtftScorer {
     fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
         let mut est = vec![Estimate::default(); cands.len()];
         self.model.estimate_all(req, cands, &mut est);
-        let best = est.iter().map(|e| e.ms).fold(f64::INFINITY, f64::min);
+        // A prompt no candidate holds any of (a cold one, placed for the first time) also
+        // counts what its prefill costs the requests arriving behind it there
+        // ([`Estimate::harm_ms`]), as the layered mode's least-cached layer does.
+        let cold = cands.iter().all(|c| req.matched(c) == 0);
+        if cold {
+            self.model.arrivals(cands, req.now_ms, &mut est);
+        }
+        let cost = |e: &Estimate| if cold { e.ms + e.harm_ms() } else { e.ms };
+        let best = est.iter().map(cost).fold(f64::INFINITY, f64::min);
         // As a filter the room has done its work; the score ranks the candidates left.
         let limit = if self.filter { best } else { self.limit(best) };
         for (o, e) in out.iter_mut().zip(&est) {
-            *o = if e.ms <= limit {
+            let ms = cost(e);
+            *o = if ms <= limit {
                 1.0
             } else {
                 match self.temperature_ms {
-                    Some(t) => (-(e.ms - limit) / t).exp(),
-                    // e.ms > limit ≥ 0 here.
-                    None => limit / e.ms,
+                    Some(t) => (-(ms - limit) / t).exp(),
+                    // ms > limit ≥ 0 here.
+                    None => limit / ms,
                 }
             };
         }
@@ -210,7 +219,7 @@ impl Scorer for PredictedTtftScorer {
             .fold(f64::INFINITY, f64::min);
         let limit = self.limit(best);
         if self.stay_or_move.is_some() {
-            self.model.utilization(cands, &mut est);
+            self.model.utilization(cands, req.now_ms, &mut est);
         }
         // The fleet's figures the comparison reads, once per decision (not per candidate).
         let avg = cands.iter().map(|c| c.inflight_tokens).sum::<u64>() as f64
@@ -396,5 +405,35 @@ mod tests {
         let mut keep = vec![true; 2];
         gate.filter(&view(long, 4000), &cs, &mut keep);
         assert_eq!(keep, vec![true, false]);
+    }
+
+    #[test]
+    fn a_cold_prompt_scores_lower_where_more_sessions_come_back_during_its_prefill() {
+        let (model, mut cs, _) = three_queues();
+        cs.iter_mut().for_each(|c| c.prefill_tokens = 0);
+        // Instance 0's sessions come back once a second (10 within the 10-s time constant).
+        for _ in 0..10 {
+            model.dispatched(cs[0].key, 30_000);
+        }
+        let warm = PredictedTtftScorer::new(model).with_temperature_ms(Some(250.0));
+        let mut out = vec![0.0; 3];
+        let score = |tokens: u64, out: &mut Vec<f64>| {
+            let req = RequestView {
+                prompt_tokens: tokens,
+                block_tokens: 16,
+                now_ms: 30_000,
+                ..Default::default()
+            };
+            warm.score(&req, &cs, out);
+        };
+        // 2,000 tokens prefill 2 s at 1,000 tokens/s: on 0 those arriving meanwhile wait
+        // 2 s in all (1/s × 2 s × 1 s), e^-8 against 1 on the quiet ones.
+        score(2000, &mut out);
+        assert_eq!(out[1], 1.0);
+        assert_eq!(out[2], 1.0);
+        assert!((out[0] - (-8.0f64).exp()).abs() < 1e-9, "{out:?}");
+        // 20 tokens: 0.2 ms of harm, hardly a difference.
+        score(20, &mut out);
+        assert!(out[0] > 0.99, "{out:?}");
     }
 }
