@@ -27,6 +27,10 @@
 # keys (all but its instances) from a config file (tg-policy: conf/policy.yaml's agents);
 # a line "# bin: PATH" runs it on that gateway binary (A/B of two builds: copy the old
 # build out of target/release first); smg-<policy> runs smg with that --policy.
+# NAME@2 (@3, …) beside NAME runs NAME again on the same seed; the scorecard takes each
+# seed's median over the runs (tokengate repeats a seed within milliseconds, smg's p99 can
+# differ 2x between two runs of one seed: one draw of it decides a cell's ratio). A second
+# invocation with the same RUN adds its configs to that run (its command is appended).
 #
 # Capacity cells (not in the default CELLS; `CELLS="cap-add cap-crash"`, ~12 min):
 #   cap-add    three engines at the high load; at CAP_AT s a fourth joins (tokengate: the
@@ -58,7 +62,7 @@ CAP_AT=${CAP_AT:-6}
 CAP_DOWN=${CAP_DOWN:-4}
 CELLS=${CELLS:-$(python3 bench/matrix.py names)}
 SEEDS=${SEEDS:-"1 2 3"}
-CONFIGS=${CONFIGS:-"tg-nokey tg-layered tg-policy smg-cache-aware smg-rr"}
+CONFIGS=${CONFIGS:-"tg-nokey tg-layered tg-policy smg-cache-aware smg-cache-aware@2 smg-rr"}
 RUN=${RUN:-$(date -u +%Y%m%d-%H%M%S)}
 OUT=${OUT:-target/bench/matrix/$RUN}
 MODEL=qwen3-0.6b
@@ -72,10 +76,10 @@ config_file() { # tokengate config name → its file, or nothing
 kind_of() {
   case $1 in
     smg-*) echo smg;;
-    *) if [ -n "$(config_file "$1")" ]; then echo tg; else echo unknown; fi;;
+    *) if [ -n "$(config_file "${1%@*}")" ]; then echo tg; else echo unknown; fi;;
   esac
 }
-smg_policy() { case $1 in smg-rr) echo round_robin;; *) local p=${1#smg-}; echo "${p//-/_}";; esac; }
+smg_policy() { local c=${1%@*}; case $c in smg-rr) echo round_robin;; *) local p=${c#smg-}; echo "${p//-/_}";; esac; }
 
 for c in $CONFIGS; do
   [ "$(kind_of "$c")" != unknown ] || { echo "unknown config '$c': add bench/matrix/$c.yaml" >&2; exit 1; }
@@ -104,7 +108,7 @@ CMD=""
 for v in CELLS SEEDS CONFIGS SIM_TIME_SCALE REQ_RATE DURATION WARMUP DRAIN OVERLOAD_DURATION OVERLOAD_DRAIN CAP_DURATION CAP_AT CAP_DOWN CAP_BUCKET; do
   case "${!v}" in *' '*) CMD="$CMD$v=\"${!v}\" ";; *) CMD="$CMD$v=${!v} ";; esac
 done
-printf '%sbench/matrix.sh\n' "$CMD" >"$OUT/command.txt"
+printf '%sbench/matrix.sh\n' "$CMD" >>"$OUT/command.txt"
 T0=$(date +%s)
 
 # Engine i (1-based) of the cell, on a free port (or on $2 when given: a restart).
@@ -171,7 +175,7 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
   local target
   case $kind in
     tg)
-      local f from body; f=$(config_file "$name")
+      local f from body; f=$(config_file "${name%@*}")
       from=$(sed -n 's/^# from: *//p' "$f" | head -1)
       if [ -n "$from" ]; then # "# from: FILE SERVICE": that service's keys in that file
         body=$(awk -v svc="${from#* }" '
@@ -254,7 +258,7 @@ for cell in $CELLS; do
   printf '%s\n' "$CELL_JSON" >"$OUT/$cell/cell.json"
   configs=($CONFIGS)
   if [[ $cell == cap-* ]]; then # round-robin says nothing about new capacity
-    configs=(); for c in $CONFIGS; do [ "$c" = smg-rr ] || configs+=("$c"); done
+    configs=(); for c in $CONFIGS; do [ "${c%@*}" = smg-rr ] || configs+=("$c"); done
   fi
   k=0
   for seed in $SEEDS; do

@@ -18,6 +18,11 @@ not below), the cells more than 10 % behind smg on p99, and issue 34's bar: in e
 p99 <= smg's, p50 <= 1.1 x smg's and cached >= smg's - 1 point, and p99 at least 20 % below
 smg's in half the cells or more. Capacity cells (cap-*) get a table of requests per engine
 per time bucket instead.
+
+A config run more than once per seed (`NAME@2`, `NAME@3` in CONFIGS beside `NAME`) counts as
+NAME with, per seed, the median of its repetitions: tokengate repeats a seed within a few
+milliseconds, smg's p99 can differ 2 × between two runs of the same seed, and one draw of it
+decides a cell's ratio.
 """
 import glob
 import json
@@ -58,9 +63,22 @@ def load(out):
                 # failure, not a routing result). Left out of the medians, listed at the end.
                 BROKEN.append("%s seed %s %s" % (cell, seed, config))
                 continue
-            runs.setdefault(config, {})[int(seed)] = v
+            # NAME@k: the k-th repetition of NAME on this seed
+            runs.setdefault(config.split("@")[0], {}).setdefault(int(seed), []).append(v)
+        runs = {c: {sd: merge(reps) for sd, reps in seeds.items()} for c, seeds in runs.items()}
         cells[cell] = {"def": json.load(open(cj)), "runs": runs}
     return cells
+
+
+def merge(reps):
+    """One seed's repetitions of a config: the median of each figure (one run: itself)."""
+    if len(reps) == 1:
+        return reps[0]
+    m = dict(reps[0])
+    for k in KEYS + SESSION_KEYS + ("cached",):
+        m[k] = median([r.get(k) for r in reps])
+    m["reps"] = len(reps)
+    return m
 
 
 def median(xs):
@@ -80,7 +98,8 @@ def medians(seeds):
     m = {k: median([s.get(k) for s in seeds.values()]) for k in KEYS + SESSION_KEYS}
     c = median([s.get("cached") for s in seeds.values()])
     m["cached"] = None if c is None else 100 * c
-    m["n"] = len(seeds)
+    reps = max((s.get("reps", 1) for s in seeds.values()), default=1)
+    m["n"] = "%d × %d runs" % (len(seeds), reps) if reps > 1 else len(seeds)
     return m
 
 
@@ -117,7 +136,8 @@ def main(out):
     wall = open(os.path.join(out, "wall_s.txt")).read().strip() if os.path.exists(os.path.join(out, "wall_s.txt")) else "?"
     print("# Workload matrix scorecard: %s" % os.path.basename(os.path.normpath(out)))
     print()
-    print("- command: `%s`" % cmd)
+    for line in cmd.splitlines() or [""]:  # one line per invocation that wrote into this run
+        print("- command: `%s`" % line)
     print("- build: %s%s; wall time %s s" % (build[0] if build else "?", " (with uncommitted changes)" if len(build) > 1 else "", wall))
     print("- TTFT: ms (real time; the engines run SIM_TIME_SCALE times faster than their simulated time), medians over the seeds of each seed's percentile over the requests sent after the warm-up; a failed or cancelled request counts as ∞. Cached: the engines' own prefix-cache hits ÷ prompt tokens over the same window, %.")
     print()
@@ -146,7 +166,7 @@ def main(out):
                 if cfg not in v["runs"]:
                     continue
                 m = medians(v["runs"][cfg])
-                print("| %s | %s | %d | %s | %s | %s | %s | %s | %s |" % (
+                print("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                     c, cfg, m["n"], ms(m["p50"]), ms(m["p90"]), ms(m["p99"]), "-" if m["cached"] is None else "%.1f" % m["cached"],
                     ms(m["session_mean_ttft_p50"]), ms(m["session_mean_ttft_p90"])))
         print()
