@@ -7,7 +7,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`rename`], [`metrics`], [`load`], [`logging`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`tls`], [`transport`], [`resolve`], [`upstream`], [`config_source`], [`config_report`], [`config`], [`decision`], [`mirror`], [`split`] |
+//! | leaves | [`clock`], [`error`], [`api`], [`usage`], [`rename`], [`metrics`], [`load`], [`logging`], [`health`], [`memory`], [`engine_metrics`], [`throttle`], [`engine_queue`], [`tls`], [`transport`], [`resolve`], [`upstream`], [`config_source`], [`config_report`], [`config`], [`decision`], [`mirror`], [`split`] |
 //! | state | [`pipelines`] (config → pipelines), [`runtime`] (services, routes, instances), [`shared`] |
 //! | one request | [`request`] (admit → plan → dispatch → complete), [`bigbody`], [`proxy`] (Pingora hooks) |
 //! | around requests | [`background`] (health checks, maintenance), [`reload`], [`status`] (the live status page; [`status::recent`] is a leaf the request path writes to), [`admin`] |
@@ -27,6 +27,7 @@ pub mod decision;
 #[cfg(feature = "sim")]
 pub mod demo;
 pub mod engine_metrics;
+pub mod engine_queue;
 pub mod error;
 pub mod genai_metrics;
 pub mod health;

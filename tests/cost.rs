@@ -691,3 +691,89 @@ async fn least_waiting_goes_around_an_engine_queue_other_clients_filled() {
     }
     drop(held);
 }
+
+/// One engine prefilling 2,000 tokens/s (real time) behind a layered service with `extra`
+/// service keys. Sends three long cold prompts (the first is sent, the others held — or
+/// sent, with `hold: false`), then a short one, and returns the order in which their answers
+/// ended and the short one's `x-tokengate-held-ms`.
+async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>) {
+    let fleet = sim_fleet(
+        1,
+        engine_sim::SimConfig {
+            time_scale: 1.0,
+            prefill_tps: 2000.0,
+            ..Default::default()
+        },
+    )
+    .await;
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n    scheduler: {{mode: layered}}\n{extra}{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    let done = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let held = std::sync::Arc::new(parking_lot::Mutex::new(None));
+    let mut tasks = Vec::new();
+    let inflight = |n: u64| {
+        let gw = &gw;
+        async move {
+            eventually(&format!("{n} requests in flight at e1"), || async {
+                gw.instances().await["instances"][0]["inflight_requests"] == n
+            })
+            .await
+        }
+    };
+    for (n, (label, size)) in [
+        ("long1", 1500),
+        ("long2", 1500),
+        ("long3", 1500),
+        ("short", 10),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (c, url) = (c.clone(), gw.url("/v1/chat/completions"));
+        let (done, held) = (done.clone(), held.clone());
+        let body = chat(&words(label, size), "go", 1, false);
+        tasks.push(tokio::spawn(async move {
+            let r = c.post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            if label == "short" {
+                *held.lock() = r
+                    .headers()
+                    .get("x-tokengate-held-ms")
+                    .map(|v| v.to_str().unwrap().to_string());
+            }
+            r.bytes().await.unwrap();
+            done.lock().push(label);
+        }));
+        // Each arrives after the one before is counted at the instance.
+        inflight(n as u64 + 1).await;
+    }
+    for t in tasks {
+        tokio::time::timeout(DEADLINE, t).await.unwrap().unwrap();
+    }
+    let order = done.lock().clone();
+    let h = held.lock().clone();
+    (order, h)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_it() {
+    // Held: the engine prefills the first long prompt; the next two wait at
+    // the gateway, each with the key arrival + its predicted prefill; the short one (a few
+    // ms) arrives just after them and is sent first, as soon as the first long one has its
+    // first token.
+    let (order, held) = long_long_long_short("    engine_queue: {hold: true}\n").await;
+    assert_eq!(order, ["long1", "short", "long2", "long3"], "held");
+    let ms: u64 = held
+        .expect("the short request says it was held")
+        .parse()
+        .unwrap();
+    assert!(ms > 0);
+    // Not held (the default): the engine serves its queue in arrival order, the short one
+    // last.
+    let (order, held) = long_long_long_short("").await;
+    assert_eq!(order.last(), Some(&"short"), "not held: {order:?}");
+    assert_eq!(held, None);
+}

@@ -206,6 +206,26 @@ impl CostModel {
         self.learned.read().get(&key).copied().unwrap_or_default()
     }
 
+    /// `key`'s prefill rate, tokens/s: its own once it has `min_samples`, else the mean of
+    /// the instances that have them, else the prior.
+    pub fn prefill_tps(&self, key: InstanceKey) -> f64 {
+        let cfg = self.cfg.read();
+        let map = self.learned.read();
+        let learned = |l: &Learned| l.prefill_samples >= cfg.min_samples;
+        if let Some(l) = map.get(&key).filter(|l| learned(l)) {
+            return l.prefill_tps.max(1.0);
+        }
+        let (sum, n) = map
+            .values()
+            .filter(|l| learned(l))
+            .fold((0.0, 0u32), |(s, n), l| (s + l.prefill_tps, n + 1));
+        if n > 0 {
+            (sum / f64::from(n)).max(1.0)
+        } else {
+            cfg.prior_prefill_tps.max(1.0)
+        }
+    }
+
     /// Forgets an instance (it left).
     pub fn forget(&self, key: InstanceKey) {
         self.learned.write().remove(&key);

@@ -41,6 +41,10 @@ pub struct ServiceConfig {
     /// Slot limits per instance or per service, and what happens beyond them; absent = off.
     #[serde(default)]
     pub throttling: Option<ThrottlingSettings>,
+    /// The queue of a saturated instance, held at the gateway and sent shortest predicted
+    /// work first ([`crate::engine_queue`]); absent = off (every request is sent at once).
+    #[serde(default)]
+    pub engine_queue: Option<EngineQueueSettings>,
     /// Prefill/decode disaggregation: the instances have roles (`prefill` / `decode`);
     /// absent = integrated engines.
     #[serde(default)]
@@ -53,6 +57,50 @@ pub struct ServiceConfig {
     #[serde(default)]
     pub tls: Option<TlsSettings>,
     pub instances: Vec<InstanceConfig>,
+}
+
+/// `services[].engine_queue`: when the gateway holds an instance's requests and sends them
+/// in order of predicted work ([`crate::engine_queue`]).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineQueueSettings {
+    /// `true`: hold a saturated instance's requests here; `false` (default): every request
+    /// goes to its instance at once (the engine's own order, FIFO).
+    #[serde(default)]
+    pub hold: Option<bool>,
+    /// Requests sent to an instance and waiting for their first token before the next is
+    /// held (default 1: the one prefilling).
+    #[serde(default = "d_eq_depth")]
+    pub depth: u32,
+    /// ... and their predicted prefill (default 250ms: an engine that batches prefills keeps
+    /// a batch's worth).
+    #[serde(default = "d_eq_min_queued", with = "humantime_serde")]
+    pub min_queued: Duration,
+}
+
+fn d_eq_depth() -> u32 {
+    crate::engine_queue::DEFAULT_DEPTH
+}
+
+fn d_eq_min_queued() -> Duration {
+    crate::engine_queue::DEFAULT_MIN_QUEUED
+}
+
+impl ServiceConfig {
+    /// The resolved `engine_queue` settings: held only when asked (`hold: true`; the
+    /// workload matrix found it trading p99 for p50, `docs/scheduling.md`), never for a
+    /// prefill/decode pair.
+    pub fn engine_queue(&self) -> crate::engine_queue::Settings {
+        let eq = self.engine_queue.as_ref();
+        crate::engine_queue::Settings {
+            hold: self.pd.is_none() && eq.and_then(|e| e.hold).unwrap_or(false),
+            depth: eq.map_or(crate::engine_queue::DEFAULT_DEPTH, |e| e.depth),
+            min_queued_ms: eq
+                .map_or(crate::engine_queue::DEFAULT_MIN_QUEUED, |e| e.min_queued)
+                .as_secs_f64()
+                * 1000.0,
+        }
+    }
 }
 
 /// `GET path` on every instance of the service every `interval`: running and queued
@@ -160,6 +208,18 @@ impl ServiceConfig {
         }
         if let Some(t) = &s.throttling {
             t.validate(si, s.pd.is_some(), errs);
+        }
+        if let Some(eq) = &s.engine_queue {
+            if eq.depth == 0 {
+                errs.push(format!(
+                    "services[{si}].engine_queue.depth: must be at least 1"
+                ));
+            }
+            if eq.hold == Some(true) && s.pd.is_some() {
+                errs.push(format!(
+                    "services[{si}].engine_queue.hold: not with pd (a prefill/decode pair is sent as one); remove it"
+                ));
+            }
         }
         super::pd::validate_pd(si, s.pd.as_ref(), &s.instances, errs);
         if let Some(k) = &s.api_key {

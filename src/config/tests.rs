@@ -378,3 +378,32 @@ fn mirror_settings_are_checked_with_paths() {
         c.warnings()
     );
 }
+
+#[test]
+fn the_engine_queue_is_held_only_when_asked_and_checked() {
+    let inst = "    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n      - {id: b, addr: 127.0.0.1:8001}\n";
+    let svc = |keys: &str| format!("services:\n  - name: m\n{keys}{inst}");
+    let held = |keys: &str| Config::from_yaml(&svc(keys)).unwrap().services[0].engine_queue();
+    // Off unless asked, whatever the scheduler.
+    let d = held("");
+    assert!(!d.hold);
+    assert_eq!(d.depth, crate::engine_queue::DEFAULT_DEPTH);
+    assert_eq!(d.min_queued_ms, 250.0);
+    assert!(!held("    scheduler: {mode: layered}\n").hold);
+    assert!(held("    scheduler: {mode: layered}\n    engine_queue: {hold: true}\n").hold);
+    assert!(held("    load_balancing: least-token\n    engine_queue: {hold: true}\n").hold);
+    let set = held("    engine_queue: {hold: true, depth: 3, min_queued: 1s}\n");
+    assert_eq!((set.depth, set.min_queued_ms), (3, 1000.0));
+    assert!(!held("    engine_queue: {hold: false}\n").hold);
+    let e = Config::from_yaml(&svc("    engine_queue: {depth: 0}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("services[0].engine_queue.depth: must be at least 1"),
+        "{e}"
+    );
+    let e = Config::from_yaml(&svc("    engine_queue: {holds: true}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("holds"), "{e}");
+}

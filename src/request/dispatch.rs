@@ -527,6 +527,15 @@ pub fn response_header(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
             resp.insert_header("x-tokengate-reason", r)?;
         }
     }
+    // Held at the gateway for its saturated instance (`engine_queue`): for how long.
+    let held = ctx
+        .main_leg()
+        .and_then(|l| l.local())
+        .and_then(|l| l.sent.as_ref())
+        .map_or(Duration::ZERO, |s| s.held);
+    if routing && !held.is_zero() {
+        resp.insert_header("x-tokengate-held-ms", held.as_millis().to_string())?;
+    }
     if let Some(id) = ctx.request_id_header.clone() {
         resp.insert_header("x-request-id", id)?;
     }
@@ -547,6 +556,10 @@ fn first_token(ctx: &mut Ctx) {
         l.guard.first_token();
         // The fleet-wide prefill slot goes back with the local one.
         l.leases.retain(|x| !x.prefill);
+        // The engine's queue is one shorter: the next held request goes.
+        if let Some(s) = l.sent.as_mut() {
+            s.release();
+        }
     }
 }
 

@@ -191,6 +191,9 @@ pub struct LocalLeg {
     pub uncached_tokens: u64,
     /// Its fleet-wide throttling slots (`cluster:`), given back when dropped.
     pub leases: Vec<crate::cluster::Lease>,
+    /// Its place among the requests sent to a saturated instance (`engine_queue`), given
+    /// back at its first token or when dropped.
+    pub sent: Option<crate::engine_queue::Slot>,
 }
 
 /// A leg to another gateway or an external API.

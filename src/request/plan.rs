@@ -321,6 +321,7 @@ impl Ask<'_> {
                 queued_ahead: cand.prefill_tokens,
                 uncached_tokens: uncached,
                 leases: Vec::new(),
+                sent: None,
             }),
         })
     }

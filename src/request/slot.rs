@@ -10,6 +10,9 @@
 //! still apply), the queue is full (429), `queue_timeout` passes (503) or the client hangs up
 //! (the waiter leaves the queue; nothing was counted). A refusal may overflow to another
 //! region's gateway ([`super::global`]).
+//!
+//! With `engine_queue: {hold: true}` the main leg then waits for its turn at its instance
+//! while that instance is saturated ([`crate::engine_queue`]; [`hold`]).
 
 use super::plan::PickError;
 use super::{Leg, Plan};
@@ -169,11 +172,106 @@ impl Asker<'_> {
     }
 }
 
-/// Takes a slot for the plan's legs (see the module documentation). `Err` only when the
-/// client left while queued.
+/// Takes a slot for the plan's legs (see the module documentation), then waits for the
+/// main leg's turn at its instance while that is saturated ([`hold`]). `Err` only when the
+/// client left while queued or held.
 pub async fn take(
     shared: &Shared,
     mut asker: Asker<'_>,
+    plan: &Plan,
+    tried: &[InstanceKey],
+) -> Result<Result<Legs, Denied>> {
+    match take_slot(shared, &mut asker, plan, tried).await? {
+        Ok(legs) => Ok(Ok(hold(&mut asker, plan, legs).await?)),
+        Err(d) => Ok(Err(d)),
+    }
+}
+
+/// Whether the client hung up (`true`), or sent bytes after its body (`false`: stop
+/// watching); never while not watched.
+async fn gone(asker: &mut Asker<'_>, watch: bool) -> bool {
+    match asker {
+        Asker::Client(s) if watch => s.downstream_session.read_body_or_idle(true).await.is_err(),
+        _ => std::future::pending().await,
+    }
+}
+
+/// The main leg waits for its turn at its instance while the instance is saturated
+/// (`services[].engine_queue`, [`crate::engine_queue`]): held with the key arrival + its
+/// predicted prefill there, sent when its turn comes. `Err` only when the client left.
+async fn hold(asker: &mut Asker<'_>, plan: &Plan, mut legs: Legs) -> Result<Legs> {
+    use crate::engine_queue::Entry;
+    let Some(leg) = legs.first_mut() else {
+        return Ok(legs);
+    };
+    let Some(l) = leg.local_mut() else {
+        return Ok(legs);
+    };
+    let st = l.service.engine_queue;
+    if !st.hold || l.service.pd.is_some() || l.instance.role != tokengate_plugins::Role::Integrated
+    {
+        return Ok(legs);
+    }
+    let tps = plan.runtime.cost.prefill_tps(l.instance.key);
+    let own_ms = l.uncached_tokens as f64 * 1000.0 / tps;
+    let waiter = match l
+        .instance
+        .queue
+        .enter(st, own_ms, l.uncached_tokens, crate::clock::now_ms())
+    {
+        Entry::Sent(slot) => {
+            l.sent = Some(slot);
+            return Ok(legs);
+        }
+        Entry::Held(w) => w,
+    };
+    // The index learns where the prompt goes now, not when it is sent: the next request
+    // sharing its prefix (another session of its tenant) follows it instead of being placed
+    // as cold elsewhere while it waits.
+    l.service
+        .index
+        .insert(&plan.blocks, l.instance.key, crate::clock::now_ms());
+    let behind = waiter.held();
+    let turn = waiter.sent();
+    tokio::pin!(turn);
+    let mut watch = matches!(asker, Asker::Client(_));
+    let slot = loop {
+        tokio::select! {
+            slot = &mut turn => break slot,
+            left = gone(asker, watch) => {
+                if left {
+                    return Err(Error::explain(
+                        ErrorType::ConnectionClosed,
+                        "client closed the connection while held for its instance",
+                    )
+                    .into_down());
+                }
+                watch = false;
+            }
+        }
+    };
+    // What was queued ahead of it is what was sent ahead (the rate it teaches).
+    l.queued_ahead = slot.ahead_tokens;
+    if let Some(x) = leg.explain.as_mut() {
+        use std::fmt::Write;
+        let _ = write!(
+            x,
+            " held={}ms(own={:.0}ms, {} held with it)",
+            slot.held.as_millis(),
+            own_ms,
+            behind.saturating_sub(1)
+        );
+    }
+    if let Some(l) = leg.local_mut() {
+        l.sent = Some(slot);
+    }
+    Ok(legs)
+}
+
+/// [`take`] without the hold.
+async fn take_slot(
+    shared: &Shared,
+    asker: &mut Asker<'_>,
     plan: &Plan,
     tried: &[InstanceKey],
 ) -> Result<Result<Legs, Denied>> {
@@ -240,14 +338,7 @@ pub async fn take(
                 Err(PickError::Throttled(_)) => {}
             }
         }
-        let gone = async {
-            match &mut asker {
-                Asker::Client(s) if watch => {
-                    s.downstream_session.read_body_or_idle(true).await.is_err()
-                }
-                _ => std::future::pending().await,
-            }
-        };
+        let gone = gone(asker, watch);
         tokio::select! {
             _ = ticket.woken() => {}
             _ = tokio::time::sleep(RECHECK) => {}

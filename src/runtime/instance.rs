@@ -29,6 +29,8 @@ pub struct Instance {
     pub key: InstanceKey,
     /// Shared with the same instance in the next config after a reload.
     pub load: Arc<InstanceLoad>,
+    /// Its requests held at the gateway while it is saturated (kept across reloads).
+    pub queue: Arc<crate::engine_queue::EngineQueue>,
     /// The other replicas' in-flight figures here (`cluster:`; kept across reloads).
     pub remote: Arc<crate::load::RemoteLoad>,
     pub health: Arc<Health>,
@@ -386,6 +388,7 @@ impl Entry<'_> {
             labels: i.labels.clone(),
             idx,
             load: old.map(|p| p.load.clone()).unwrap_or_default(),
+            queue: old.map(|p| p.queue.clone()).unwrap_or_default(),
             remote: old.map(|p| p.remote.clone()).unwrap_or_default(),
             health: {
                 let h: Arc<Health> = old.map(|p| p.health.clone()).unwrap_or_default();

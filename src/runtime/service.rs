@@ -35,6 +35,8 @@ pub struct Service {
     pub output: Arc<crate::load::MeanOutput>,
     /// Request throttling, when configured (kept across reloads: its queue survives).
     pub throttle: Option<Arc<Throttle>>,
+    /// When a saturated instance's requests are held here (`engine_queue`).
+    pub engine_queue: crate::engine_queue::Settings,
     /// Prefill/decode disaggregation: `sched` picks the prefill instance, this the decode one.
     pub pd: Option<Pd>,
     /// HTTP client towards the instances with the service's TLS settings (health checks,
@@ -155,6 +157,7 @@ impl Service {
             counters: cx.metrics.service_counters(&s.name),
             output: prev.map(|p| p.output.clone()).unwrap_or_default(),
             throttle,
+            engine_queue: s.engine_queue(),
             pd: s.pd.as_ref().map(|pd| Pd {
                 mode: pd.mode,
                 decode_policy: pd.decode_policy,

@@ -41,6 +41,9 @@ pub struct InstanceView {
     pub inflight_tokens: u64,
     pub waiting: u64,
     pub queued_prefill_tokens: u64,
+    /// Requests held at the gateway for this instance while it is saturated
+    /// (`services[].engine_queue`; they count in `inflight_requests` and `waiting` too).
+    pub held: u64,
     pub other_replicas: OtherReplicas,
     pub recent_tokens: u64,
     pub cached_blocks: u64,
@@ -256,6 +259,7 @@ impl Runtime {
             inflight_tokens: l.inflight_tokens,
             waiting: l.waiting,
             queued_prefill_tokens: l.prefill_tokens,
+            held: i.queue.held() as u64,
             other_replicas: OtherReplicas {
                 inflight_requests: remote[0],
                 inflight_tokens: remote[1],

@@ -1,0 +1,399 @@
+//! The queue of a saturated engine, kept at the gateway and served shortest predicted work
+//! first (`services[].engine_queue: {hold: true}`; off by default).
+//!
+//! An engine serves its waiting requests in arrival order (vLLM's and SGLang's default
+//! scheduling, engine-sim's): a warm turn whose few hundred uncached tokens take 0.2 s waits
+//! behind every cold 4k-token prompt sent before it. Once an instance has `depth` requests
+//! sent and waiting for their first token, and their predicted prefill is at least
+//! `min_queued`, the gateway sends it no more; the requests the scheduler placed there wait
+//! here instead, each with its key `arrival + own prefill` (predicted at that instance: its
+//! uncached tokens at the instance's learned rate), and whenever one of the sent requests
+//! gets its first token (or fails, or leaves) the waiter with the smallest key is sent.
+//!
+//! The key is a virtual finish time: a short request overtakes a long one that arrived less
+//! than the long one's own prefill before it, so a long prompt is delayed by the short work
+//! arriving during its own prefill (about utilization × its own prefill), never starved. The
+//! placement is unchanged — the scheduler chose the instance at arrival and the request's
+//! load counts there while it waits, so the queue figures the scheduler compares are the
+//! same —, only the order in which the engine receives its queue changes. Below saturation
+//! nothing is held: with fewer than `depth` sent, or less than `min_queued` of predicted
+//! prefill sent, a request goes at once (an engine that batches prefills keeps a batch's
+//! worth).
+//!
+//! Off by default: in the workload matrix (`bench/results/matrix.md`, run 6) it took the
+//! overloaded cell's p50 down by 14-23 % per seed and raised p99 in three cells of twelve (the long
+//! prompts it lets others overtake are the tail), a trade, not a default.
+
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// When an instance's queue is held (resolved `services[].engine_queue`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    /// Hold requests at all (`hold: false`: every request is sent at once).
+    pub hold: bool,
+    /// Requests sent and waiting for their first token before the gateway holds the next.
+    pub depth: u32,
+    /// ... and their predicted prefill, ms (an engine that batches prefills keeps this much).
+    pub min_queued_ms: f64,
+}
+
+/// Default `depth`: only the request prefilling (while its predicted prefill is at least
+/// `min_queued`). The next is sent at its first token, a round trip between two prefills of
+/// hundreds of milliseconds; everything behind it is ordered here. With one request in the
+/// engine at a time, a request also finds nothing queued ahead of it there, so the
+/// instance's prefill rate keeps being learned while it is saturated (the rate is learned only
+/// from such requests). Depth 2 left the overloaded cell's p50 where it was (4,419 vs 4,410 ms,
+/// seed 1: an engine there had ~4 waiting, 1-2 held, little to reorder, and the rate stayed
+/// at the prior, 8k tokens/s where the engines did 1.1k); depth 1 took it to 3,446 ms.
+pub const DEFAULT_DEPTH: u32 = 1;
+/// Default `min_queued`: an engine is given more than one request while the prefill sent
+/// to it is predicted shorter than this (a fast engine batches short prefills).
+pub const DEFAULT_MIN_QUEUED: Duration = Duration::from_millis(250);
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            hold: false,
+            depth: DEFAULT_DEPTH,
+            min_queued_ms: DEFAULT_MIN_QUEUED.as_secs_f64() * 1000.0,
+        }
+    }
+}
+
+/// One instance's queue (kept across reloads with the instance's load).
+#[derive(Debug, Default)]
+pub struct EngineQueue {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Sent through this queue and waiting for their first token.
+    sent: u32,
+    /// Their predicted prefill, ms, and tokens.
+    sent_ms: f64,
+    sent_tokens: u64,
+    /// Held at the gateway, unordered (a handful; the smallest key is searched).
+    held: Vec<Held>,
+    next_id: u64,
+    /// The settings of the last request that entered (a reload changes them).
+    settings: Settings,
+}
+
+#[derive(Debug)]
+struct Held {
+    id: u64,
+    key: f64,
+    own_ms: f64,
+    tokens: u64,
+    wake: Arc<Notify>,
+    granted: Arc<AtomicBool>,
+    /// Tokens sent ahead of it when it was sent.
+    ahead: Arc<Mutex<u64>>,
+}
+
+impl Inner {
+    fn has_room(&self) -> bool {
+        let s = &self.settings;
+        !s.hold || self.sent < s.depth.max(1) || self.sent_ms < s.min_queued_ms
+    }
+
+    fn send(&mut self, own_ms: f64, tokens: u64) {
+        self.sent += 1;
+        self.sent_ms += own_ms;
+        self.sent_tokens += tokens;
+    }
+
+    fn release(&mut self, own_ms: f64, tokens: u64) {
+        self.sent = self.sent.saturating_sub(1);
+        self.sent_ms = (self.sent_ms - own_ms).max(0.0);
+        self.sent_tokens = self.sent_tokens.saturating_sub(tokens);
+        if self.sent == 0 {
+            self.sent_ms = 0.0;
+            self.sent_tokens = 0;
+        }
+        self.pump();
+    }
+
+    /// Sends the held requests with the smallest keys while there is room.
+    fn pump(&mut self) {
+        while !self.held.is_empty() && self.has_room() {
+            let i = self
+                .held
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.key.total_cmp(&b.1.key).then(a.1.id.cmp(&b.1.id)))
+                .map_or(0, |(i, _)| i);
+            let h = self.held.swap_remove(i);
+            *h.ahead.lock() = self.sent_tokens;
+            self.send(h.own_ms, h.tokens);
+            h.granted.store(true, Relaxed);
+            h.wake.notify_one();
+        }
+    }
+}
+
+/// A request sent through an instance's queue: until [`Slot::release`] (its first token) or
+/// its drop, it counts as sent there.
+#[derive(Debug)]
+pub struct Slot {
+    queue: Arc<EngineQueue>,
+    own_ms: f64,
+    tokens: u64,
+    /// Tokens sent ahead of it (through this queue) when it was sent.
+    pub ahead_tokens: u64,
+    /// How long it was held (zero: sent at once).
+    pub held: Duration,
+    live: bool,
+}
+
+impl Slot {
+    /// Its first token: the engine's queue is one shorter, the next waiter goes.
+    pub fn release(&mut self) {
+        if std::mem::take(&mut self.live) {
+            self.queue.inner.lock().release(self.own_ms, self.tokens);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A request held at the gateway: [`Waiter::sent`] waits for its turn; dropped before
+/// (the client left), it leaves the queue.
+#[derive(Debug)]
+pub struct Waiter {
+    queue: Arc<EngineQueue>,
+    id: u64,
+    own_ms: f64,
+    tokens: u64,
+    wake: Arc<Notify>,
+    granted: Arc<AtomicBool>,
+    ahead: Arc<Mutex<u64>>,
+    since: std::time::Instant,
+    done: bool,
+}
+
+impl Waiter {
+    /// Waits until it is sent.
+    pub async fn sent(mut self) -> Slot {
+        while !self.granted.load(Relaxed) {
+            self.wake.notified().await;
+        }
+        self.done = true;
+        Slot {
+            queue: self.queue.clone(),
+            own_ms: self.own_ms,
+            tokens: self.tokens,
+            ahead_tokens: *self.ahead.lock(),
+            held: self.since.elapsed(),
+            live: true,
+        }
+    }
+
+    /// Requests held at this instance (itself included).
+    pub fn held(&self) -> usize {
+        self.queue.held()
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut q = self.queue.inner.lock();
+        if self.granted.load(Relaxed) {
+            // Sent while it was leaving: the place goes to the next.
+            q.release(self.own_ms, self.tokens);
+        } else if let Some(i) = q.held.iter().position(|h| h.id == self.id) {
+            q.held.swap_remove(i);
+        }
+    }
+}
+
+/// What [`EngineQueue::enter`] gives: sent at once, or held.
+#[derive(Debug)]
+pub enum Entry {
+    Sent(Slot),
+    Held(Waiter),
+}
+
+impl EngineQueue {
+    /// A request of `own_ms` predicted prefill (`tokens` uncached tokens) arriving at
+    /// `now_ms`: sent at once when the instance has room and nobody is held, else held with
+    /// the key `now_ms + own_ms`.
+    pub fn enter(self: &Arc<Self>, st: Settings, own_ms: f64, tokens: u64, now_ms: u64) -> Entry {
+        let own_ms = if own_ms.is_finite() {
+            own_ms.max(0.0)
+        } else {
+            0.0
+        };
+        let mut q = self.inner.lock();
+        let changed = q.settings != st;
+        q.settings = st;
+        if changed {
+            // Looser settings (a reload): the held may go now.
+            q.pump();
+        }
+        if q.held.is_empty() && q.has_room() {
+            let ahead = q.sent_tokens;
+            q.send(own_ms, tokens);
+            return Entry::Sent(Slot {
+                queue: self.clone(),
+                own_ms,
+                tokens,
+                ahead_tokens: ahead,
+                held: Duration::ZERO,
+                live: true,
+            });
+        }
+        q.next_id += 1;
+        let id = q.next_id;
+        let wake = Arc::new(Notify::new());
+        let granted = Arc::new(AtomicBool::new(false));
+        let ahead = Arc::new(Mutex::new(0));
+        let key = now_ms as f64 + own_ms;
+        q.held.push(Held {
+            id,
+            key,
+            own_ms,
+            tokens,
+            wake: wake.clone(),
+            granted: granted.clone(),
+            ahead: ahead.clone(),
+        });
+        Entry::Held(Waiter {
+            queue: self.clone(),
+            id,
+            own_ms,
+            tokens,
+            wake,
+            granted,
+            ahead,
+            since: std::time::Instant::now(),
+            done: false,
+        })
+    }
+
+    /// Requests held here.
+    pub fn held(&self) -> usize {
+        self.inner.lock().held.len()
+    }
+
+    /// Requests sent through this queue and waiting for their first token.
+    pub fn sent(&self) -> u32 {
+        self.inner.lock().sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st() -> Settings {
+        Settings {
+            hold: true,
+            depth: 2,
+            min_queued_ms: 0.0,
+        }
+    }
+
+    fn sent(e: Entry) -> Slot {
+        match e {
+            Entry::Sent(s) => s,
+            Entry::Held(_) => panic!("held, expected sent"),
+        }
+    }
+
+    fn held(e: Entry) -> Waiter {
+        match e {
+            Entry::Held(w) => w,
+            Entry::Sent(_) => panic!("sent, expected held"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_saturated_engine_gets_the_shortest_virtual_finish_first() {
+        let q = Arc::new(EngineQueue::default());
+        let mut a = sent(q.enter(st(), 1000.0, 4000, 0));
+        let _b = sent(q.enter(st(), 1000.0, 4000, 0));
+        // Two sent: the next are held, each keyed by arrival + own prefill. Cold prompts at
+        // t=100 (key 3,100) and 300 (3,300); warm turns at 200 (300), 2,500 (2,600) and
+        // 3,250 (3,350: the cold prompts have waited their own prefill by then, they go first).
+        let cold1 = held(q.enter(st(), 3000.0, 12000, 100));
+        let warm1 = held(q.enter(st(), 100.0, 400, 200));
+        let cold2 = held(q.enter(st(), 3000.0, 12000, 300));
+        let warm2 = held(q.enter(st(), 100.0, 400, 2500));
+        let warm3 = held(q.enter(st(), 100.0, 400, 3250));
+        assert_eq!(q.held(), 5);
+        let wait = |w: Waiter| async move {
+            tokio::time::timeout(Duration::from_secs(5), w.sent())
+                .await
+                .expect("sent in key order")
+        };
+        a.release();
+        let mut w1 = wait(warm1).await;
+        assert_eq!(
+            w1.ahead_tokens, 4000,
+            "one request was still sent ahead of it"
+        );
+        assert_eq!(q.held(), 4);
+        w1.release();
+        let mut w2 = wait(warm2).await;
+        w2.release();
+        let mut c1 = wait(cold1).await;
+        c1.release();
+        let mut c2 = wait(cold2).await;
+        c2.release();
+        let w3 = wait(warm3).await;
+        drop(w3);
+        assert_eq!(q.held(), 0);
+        drop(_b);
+        assert_eq!(q.sent(), 0, "every slot given back");
+    }
+
+    #[tokio::test]
+    async fn nothing_is_held_below_the_depth_or_the_queued_floor_and_leaving_frees_the_place() {
+        let q = Arc::new(EngineQueue::default());
+        let floor = Settings {
+            hold: true,
+            depth: 2,
+            min_queued_ms: 250.0,
+        };
+        // Short prompts: two sent are only 200 ms of prefill, below the floor: a third goes.
+        let a = sent(q.enter(floor, 100.0, 400, 0));
+        let b = sent(q.enter(floor, 100.0, 400, 0));
+        let c = sent(q.enter(floor, 100.0, 400, 0));
+        assert_eq!(q.sent(), 3);
+        let w = held(q.enter(floor, 100.0, 400, 0));
+        // A waiter that leaves takes itself out; one sent while leaving gives its place on.
+        drop(w);
+        assert_eq!(q.held(), 0);
+        let w2 = held(q.enter(floor, 100.0, 400, 0));
+        let w3 = held(q.enter(floor, 100.0, 400, 1));
+        drop(a); // w2 is sent...
+        drop(w2); // ...and leaves before it saw it: w3 goes.
+        let s3 = tokio::time::timeout(Duration::from_secs(5), w3.sent())
+            .await
+            .expect("the place went on");
+        drop((b, c, s3));
+        assert_eq!((q.sent(), q.held()), (0, 0));
+        // `hold: false`: nothing is ever held.
+        let off = Settings {
+            hold: false,
+            ..floor
+        };
+        let all: Vec<Slot> = (0..10).map(|_| sent(q.enter(off, 1e4, 1, 0))).collect();
+        assert_eq!(q.sent(), 10);
+        drop(all);
+        assert_eq!(q.sent(), 0);
+    }
+}
