@@ -196,6 +196,15 @@ async fn gone(asker: &mut Asker<'_>, watch: bool) -> bool {
     }
 }
 
+/// The error of a client that hung up `when` (a downstream error: nothing to retry).
+fn client_left(when: &'static str) -> Box<Error> {
+    Error::explain(
+        ErrorType::ConnectionClosed,
+        format!("client closed the connection {when}"),
+    )
+    .into_down()
+}
+
 /// The main leg waits for its turn at its instance while the instance is saturated
 /// (`services[].engine_queue`, [`crate::engine_queue`]): held with the key arrival + its
 /// predicted prefill there, sent when its turn comes. `Err` only when the client left.
@@ -240,11 +249,7 @@ async fn hold(asker: &mut Asker<'_>, plan: &Plan, mut legs: Legs) -> Result<Legs
             slot = &mut turn => break slot,
             left = gone(asker, watch) => {
                 if left {
-                    return Err(Error::explain(
-                        ErrorType::ConnectionClosed,
-                        "client closed the connection while held for its instance",
-                    )
-                    .into_down());
+                    return Err(client_left("while held for its instance"));
                 }
                 watch = false;
             }
@@ -355,11 +360,7 @@ async fn take_slot(
             }
             left = gone => {
                 if left {
-                    return Err(Error::explain(
-                        ErrorType::ConnectionClosed,
-                        "client closed the connection while queued for a slot",
-                    )
-                    .into_down());
+                    return Err(client_left("while queued for a slot"));
                 }
                 // Unexpected bytes after the body (pipelining): stop watching.
                 watch = false;
