@@ -20,6 +20,9 @@
 //! prefill sent, a request goes at once (an engine that batches prefills keeps a batch's
 //! worth).
 //!
+//! Only streamed requests go through it (the caller's choice): a non-stream answer's first
+//! token is its last, so its slot would be held through its whole decode.
+//!
 //! Off by default: in the workload matrix (`bench/results/matrix.md`, run 6) it took the
 //! overloaded cell's p50 down by 14-23 % per seed and raised p99 in three cells of twelve (the long
 //! prompts it lets others overtake are the tail), a trade, not a default.

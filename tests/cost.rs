@@ -693,7 +693,7 @@ async fn least_waiting_goes_around_an_engine_queue_other_clients_filled() {
 }
 
 /// One engine prefilling 2,000 tokens/s (real time) behind a layered service with `extra`
-/// service keys. Sends three long cold prompts (the first is sent, the others held — or
+/// service keys. Sends three long cold streamed prompts (the first is sent, the others held — or
 /// sent, with `hold: false`), then a short one, and returns the order in which their answers
 /// ended and the short one's `x-tokengate-held-ms`.
 async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>) {
@@ -734,7 +734,7 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
     {
         let (c, url) = (c.clone(), gw.url("/v1/chat/completions"));
         let (done, held) = (done.clone(), held.clone());
-        let body = chat(&words(label, size), "go", 1, false);
+        let body = chat(&words(label, size), "go", 1, true);
         tasks.push(tokio::spawn(async move {
             let r = c.post(url).json(&body).send().await.unwrap();
             assert_eq!(r.status(), 200);

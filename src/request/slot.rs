@@ -217,7 +217,13 @@ async fn hold(asker: &mut Asker<'_>, plan: &Plan, mut legs: Legs) -> Result<Legs
         return Ok(legs);
     };
     let st = l.service.engine_queue;
-    if !st.hold || l.service.pd.is_some() || l.instance.role != tokengate_plugins::Role::Integrated
+    // A non-stream answer's first token is its last: the gateway cannot see when its prefill
+    // ends, so counting it as sent would keep the instance "saturated" through its whole
+    // decode. It is neither held nor counted.
+    if !st.hold
+        || !plan.info.stream
+        || l.service.pd.is_some()
+        || l.instance.role != tokengate_plugins::Role::Integrated
     {
         return Ok(legs);
     }
