@@ -81,6 +81,7 @@ impl Admin {
                 m.queued_prefill_tokens
                     .with_label_values(&id)
                     .set(l.prefill_tokens as i64);
+                m.held.with_label_values(&id).set(i.queue.held() as i64);
                 let learned = rt.cost.learned(i.key);
                 if learned.prefill_samples > 0 {
                     m.learned_prefill_tps

@@ -25,6 +25,8 @@ pub struct Metrics {
     pub waiting: IntGaugeVec,
     /// Uncached prompt tokens of the requests in their prefill phase, per instance.
     pub queued_prefill_tokens: IntGaugeVec,
+    /// Requests held at the gateway for a saturated instance (`services[].engine_queue`).
+    pub held: IntGaugeVec,
     /// What the predicted-TTFT model learned per instance.
     pub learned_prefill_tps: prometheus::GaugeVec,
     pub learned_decode_step: prometheus::GaugeVec,
@@ -172,6 +174,7 @@ impl Metrics {
             inflight_tokens,
             waiting,
             queued_prefill_tokens,
+            held,
             available,
             ejections,
         ) = instances(&r);
@@ -202,6 +205,7 @@ impl Metrics {
             inflight_tokens,
             waiting,
             queued_prefill_tokens,
+            held,
             available,
             ejections,
             learned_prefill_tps,
@@ -327,13 +331,14 @@ fn requests(r: &Reg) -> (IntCounterVec, HistogramVec, HistogramVec, IntCounterVe
 }
 
 /// Per instance, copied from the load table and health when scraped: in flight, waiting, queued
-/// prefill, available, ejections.
+/// prefill, held at the gateway, available, ejections.
 ///
-/// Returns `(inflight_requests, inflight_tokens, waiting, queued_prefill_tokens, available,
-/// ejections)`.
+/// Returns `(inflight_requests, inflight_tokens, waiting, queued_prefill_tokens, held,
+/// available, ejections)`.
 fn instances(
     r: &Reg,
 ) -> (
+    IntGaugeVec,
     IntGaugeVec,
     IntGaugeVec,
     IntGaugeVec,
@@ -369,6 +374,13 @@ fn instances(
         ),
         &["instance"],
     );
+    let held = r.gauge(
+        Opts::new(
+            "tokengate_held_requests",
+            "Requests the scheduler placed on an instance that the gateway holds back while the instance is saturated (services[].engine_queue: {hold: true}); they count in tokengate_waiting_requests too",
+        ),
+        &["instance"],
+    );
     let available = r.gauge(
         Opts::new(
             "tokengate_instance_available",
@@ -388,6 +400,7 @@ fn instances(
         inflight_tokens,
         waiting,
         queued_prefill_tokens,
+        held,
         available,
         ejections,
     )
@@ -733,7 +746,7 @@ mod tests {
     #[test]
     fn fields_hold_their_families() {
         let m = Metrics::new();
-        let fields: [(&dyn Collector, &str); 43] = [
+        let fields: [(&dyn Collector, &str); 44] = [
             (&m.requests, "requests_total"),
             (&m.duration, "request_duration_seconds"),
             (&m.ttft, "ttft_seconds"),
@@ -742,6 +755,7 @@ mod tests {
             (&m.inflight_tokens, "inflight_tokens"),
             (&m.waiting, "waiting_requests"),
             (&m.queued_prefill_tokens, "queued_prefill_tokens"),
+            (&m.held, "held_requests"),
             (&m.learned_prefill_tps, "learned_prefill_tokens_per_second"),
             (&m.learned_decode_step, "learned_decode_step_seconds"),
             (&m.index_trimmed_blocks, "prefix_index_trimmed_blocks"),

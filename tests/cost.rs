@@ -696,7 +696,9 @@ async fn least_waiting_goes_around_an_engine_queue_other_clients_filled() {
 /// service keys. Sends three long cold streamed prompts (the first is sent, the others held — or
 /// sent, with `hold: false`), then a short one, and returns the order in which their answers
 /// ended and the short one's `x-tokengate-held-ms`.
-async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>) {
+/// The order the four answered in, the short one's `x-tokengate-held-ms`, and the requests
+/// held at e1 (`tokengate_held_requests`) just after the fourth was counted there.
+async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>, f64) {
     let fleet = sim_fleet(
         1,
         engine_sim::SimConfig {
@@ -750,12 +752,19 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
         // Each arrives after the one before is counted at the instance.
         inflight(n as u64 + 1).await;
     }
+    // Held: long2, long3 and short while long1 prefills (~0.8 s), then at least long3 until
+    // long2's first token: at least one for more than a second after the fourth arrived.
+    let held_now = metric(
+        &gw.metrics().await,
+        "tokengate_held_requests{instance=\"e1\"}",
+    )
+    .expect("the held family has a series per instance");
     for t in tasks {
         tokio::time::timeout(DEADLINE, t).await.unwrap().unwrap();
     }
     let order = done.lock().clone();
     let h = held.lock().clone();
-    (order, h)
+    (order, h, held_now)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -764,8 +773,9 @@ async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_
     // the gateway, each with the key arrival + its predicted prefill; the short one (a few
     // ms) arrives just after them and is sent first, as soon as the first long one has its
     // first token.
-    let (order, held) = long_long_long_short("    engine_queue: {hold: true}\n").await;
+    let (order, held, held_now) = long_long_long_short("    engine_queue: {hold: true}\n").await;
     assert_eq!(order, ["long1", "short", "long2", "long3"], "held");
+    assert!(held_now >= 1.0, "tokengate_held_requests {held_now}");
     let ms: u64 = held
         .expect("the short request says it was held")
         .parse()
@@ -773,7 +783,8 @@ async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_
     assert!(ms > 0);
     // Not held (the default): the engine serves its queue in arrival order, the short one
     // last.
-    let (order, held) = long_long_long_short("").await;
+    let (order, held, held_now) = long_long_long_short("").await;
     assert_eq!(order.last(), Some(&"short"), "not held: {order:?}");
     assert_eq!(held, None);
+    assert_eq!(held_now, 0.0);
 }

@@ -285,6 +285,7 @@ const PAGE: &[(&str, &str)] = &[
         "tokengate_queued_prefill_tokens",
         "/instances/0/queued_prefill_tokens",
     ),
+    ("tokengate_held_requests", "/instances/0/held"),
     (
         "tokengate_learned_prefill_tokens_per_second",
         "/instances/0/learned/prefill_tokens_per_second",
