@@ -709,8 +709,8 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
     )
     .await;
     // Held requests go by arrival + predicted prefill. With a prior of 1,000 tokens/s a long
-    // prompt's prediction is ~3.4 s, so the short one overtakes long2 and long3 however
-    // slowly the test gets the four in (at the 8,000 prior the margin was ~0.4 s, and a
+    // prompt's prediction is ~3.4 s, so the short one overtakes long2 and long3 unless it
+    // arrives more than ~3.4 s after long2 (at the 8,000 prior that margin was ~0.4 s, and a
     // loaded CI machine once took longer than that between long2 and short).
     let gw = GatewayProc::start(&format!(
         "cost_model: {{prior_prefill_tokens_per_second: 1000}}\nservices:\n  - name: m\n    scheduler: {{mode: layered}}\n{extra}{}",
