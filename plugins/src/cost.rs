@@ -108,6 +108,9 @@ pub struct Estimate {
     /// [`ARRIVAL_TAU_MS`]; 0 until [`CostModel::utilization`]): the rate at which its live
     /// sessions come back.
     pub lambda: f64,
+    /// The fleet's shared backlog: the mean queued prefill over the candidates, ms (0 until
+    /// [`CostModel::arrivals`]). See [`Self::harm_ms`].
+    pub pool_queue_ms: f64,
 }
 
 impl Estimate {
@@ -123,14 +126,31 @@ impl Estimate {
 
 impl Estimate {
     /// What this request's own prefill costs the requests that arrive at the instance while
-    /// it waits and runs, summed over them (ms): those arriving during the queue ahead of it
-    /// wait `own` longer each, those arriving during its own prefill `own / 2` on average, so
-    /// `λ · own · (queue + own / 2)`, λ the instance's arrival rate ([`Self::lambda`]).
-    /// Quadratic in the prompt: a cold 12k-token prefill on an engine whose live sessions
-    /// come back every second stalls several warm turns behind it, where a 1k prompt's
-    /// costs them a few milliseconds.
+    /// the work it adds is still ahead of them, summed over them (ms): each waits `own`
+    /// longer (those arriving during its own prefill `own / 2` on average) until the
+    /// instance's busy period would have ended, so
+    ///
+    /// ```text
+    ///   λ · own · (B + own / 2) / (1 − ρ)
+    /// ```
+    ///
+    /// λ the instance's arrival rate ([`Self::lambda`]); `B` the backlog ahead of the work:
+    /// its own queue, or the fleet's mean queue ([`Self::pool_queue_ms`]) when that is
+    /// longer, because a router that sends new work to the shorter queues refills a short
+    /// one to the fleet's level; `1 / (1 − ρ)` how much longer a busy period lasts than its
+    /// backlog at the instance's utilization ([`Self::rho`], capped at [`RHO_CAP`]; an M/G/1
+    /// queue's). Quadratic in the prompt: a cold 12k-token prefill on an engine whose live
+    /// sessions come back every second stalls several warm turns behind it, where a 1k
+    /// prompt's costs them a few milliseconds. And on a saturated instance the work stays
+    /// ahead of every later arrival: a hot tenant's home drains its cheap warm turns fast
+    /// and looks nearly idle this instant, but each of them would wait behind a cold prompt
+    /// placed there (`many-4k-agents-half-overload`, seed 1: one such placement cost the
+    /// next ~25 hot turns 3–4 s each).
     pub fn harm_ms(&self) -> f64 {
-        self.lambda.max(0.0) * self.own_ms / 1000.0 * (self.queue_ms + self.own_ms / 2.0)
+        let rho = self.rho.clamp(0.0, RHO_CAP);
+        self.lambda.max(0.0) * self.own_ms / 1000.0
+            * (self.queue_ms.max(self.pool_queue_ms) + self.own_ms / 2.0)
+            / (1.0 - rho)
     }
 }
 
@@ -340,6 +360,7 @@ impl CostModel {
                 tps,
                 rho: 0.0,
                 lambda: 0.0,
+                pool_queue_ms: 0.0,
             };
         }
     }
@@ -351,18 +372,19 @@ impl CostModel {
     /// prefill utilization.
     /// Also writes each one's arrival rate at `now_ms` ([`Self::arrivals`]).
     pub fn utilization(&self, cands: &[Candidate], now_ms: u64, out: &mut [Estimate]) {
-        self.arrivals(cands, now_ms, out);
-        let mut busy = self.busy.lock();
-        for (e, c) in out.iter_mut().zip(cands) {
-            let x = if c.waiting > 0 || c.engine.is_some_and(|el| el.waiting > 0) {
-                1.0
-            } else {
-                0.0
-            };
-            let r = busy.entry(c.key).or_insert(0.0);
-            *r += RHO_ALPHA * (x - *r);
-            e.rho = *r;
+        {
+            let mut busy = self.busy.lock();
+            for c in cands {
+                let x = if c.waiting > 0 || c.engine.is_some_and(|el| el.waiting > 0) {
+                    1.0
+                } else {
+                    0.0
+                };
+                let r = busy.entry(c.key).or_insert(0.0);
+                *r += RHO_ALPHA * (x - *r);
+            }
         }
+        self.arrivals(cands, now_ms, out);
     }
 
     /// Counts a request dispatched to `key` at `now_ms` into its arrival rate
@@ -375,10 +397,17 @@ impl CostModel {
     }
 
     /// Writes each candidate's arrival rate at `now_ms` (requests per second, from
-    /// [`Self::dispatched`]) to `out[i].lambda`.
+    /// [`Self::dispatched`]) to `out[i].lambda`, its utilization as last sampled to
+    /// `out[i].rho`, and the fleet's mean queue over `cands` to `out[i].pool_queue_ms`
+    /// ([`Estimate::harm_ms`]). Call after [`CostModel::estimate_all`].
     pub fn arrivals(&self, cands: &[Candidate], now_ms: u64, out: &mut [Estimate]) {
+        let n = out.len().min(cands.len()).max(1) as f64;
+        let pool_queue_ms = out.iter().map(|e| e.queue_ms).sum::<f64>() / n;
+        let busy = self.busy.lock();
         let a = self.arrivals.lock();
         for (e, c) in out.iter_mut().zip(cands) {
+            e.rho = busy.get(&c.key).copied().unwrap_or(0.0);
+            e.pool_queue_ms = pool_queue_ms;
             e.lambda = a.get(&c.key).map_or(0.0, |(n, at)| {
                 decay(*n, *at, now_ms) * 1000.0 / ARRIVAL_TAU_MS
             });
@@ -585,6 +614,53 @@ mod tests {
         let mut e = est(&m, &req(1000), &[q]);
         m.arrivals(&[q], 50_000, &mut e);
         assert!((e[0].harm_ms() - 1500.0).abs() < 1e-6, "{:?}", e[0]);
+    }
+
+    #[test]
+    fn in_a_saturated_fleet_a_cold_prefill_harms_most_where_sessions_come_back_most() {
+        let m = CostModel::new(CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 0.0,
+            ..CostConfig::default()
+        });
+        // A hot tenant's home drains its cheap warm turns fast (200 ms queued) while its
+        // sessions come back 2 times a second; the other engine has 2 s queued and 1 arrival
+        // a second. Both have requests waiting at every decision: the fleet is saturated.
+        let (mut hot, mut cold) = (cand(1, 200), cand(2, 2000));
+        hot.waiting = 1;
+        cold.waiting = 3;
+        for t in 0..20 {
+            m.dispatched(hot.key, 40_000 + t * 500);
+            if t % 2 == 0 {
+                m.dispatched(cold.key, 40_000 + t * 500);
+            }
+        }
+        let mut e = est(&m, &req(1000), &[hot, cold]);
+        for _ in 0..200 {
+            m.utilization(&[hot, cold], 50_000, &mut e);
+        }
+        assert!(e[0].rho > 0.9 && e[1].rho > 0.9, "{e:?}");
+        assert!((e[0].pool_queue_ms - 1100.0).abs() < 1e-6, "{e:?}");
+        // Its own wait is shorter on the hot home ...
+        assert!(e[0].ms < e[1].ms, "{e:?}");
+        // ... but the work it adds there stalls twice as many requests for as long as the
+        // fleet stays busy (its queue is refilled to the fleet's), more than the shorter
+        // queue saves.
+        let (h0, h1) = (e[0].harm_ms(), e[1].harm_ms());
+        assert!(h0 > h1, "{h0} vs {h1}");
+        assert!(e[0].ms + h0 > e[1].ms + h1, "{e:?}");
+        // An idle fleet: no persistence, and the hot home's own short queue is all it counts.
+        let m2 = CostModel::new(CostConfig {
+            prior_prefill_tps: 1000.0,
+            prior_step_ms: 0.0,
+            ..CostConfig::default()
+        });
+        let idle = cand(1, 0);
+        m2.dispatched(idle.key, 50_000);
+        let mut e = est(&m2, &req(1000), &[idle]);
+        m2.utilization(&[idle], 50_000, &mut e);
+        assert!(e[0].rho < 0.05, "{e:?}");
+        assert!((e[0].harm_ms() - 0.1 * 500.0 / (1.0 - e[0].rho)).abs() < 1e-6);
     }
 
     #[test]

@@ -191,6 +191,52 @@ fn a_long_cold_prompt_goes_where_fewer_sessions_come_back_and_a_short_one_by_cac
 }
 
 #[test]
+fn in_a_saturated_fleet_a_cold_prompt_skips_the_hot_home_whose_queue_is_short() {
+    let cost = Arc::new(CostModel::default()); // 8,000 tokens/s, 20 ms steps
+    let fh = FirstHit::balance(LbPolicy::LeastToken)
+        .with_cost(cost.clone())
+        .then(PrefixStage::default())
+        .then(LeastCachedStage(CostTolerance::default()));
+    let p = Pipeline::new(fh);
+    // Every instance has requests waiting. Instance 0 is a hot tenant's home: its warm turns
+    // are cheap (200 ms queued) and come back twice a second; 1 and 2 have 1 s queued and one
+    // arrival a second. 0 also has the emptiest cache.
+    let mut cs = idle(3);
+    for (i, c) in cs.iter_mut().enumerate() {
+        c.waiting = 2;
+        c.placed_blocks = if i == 0 { 10 } else { 100 };
+        c.prefill_tokens = if i == 0 { 1600 } else { 8000 };
+        c.inflight_tokens = c.prefill_tokens;
+    }
+    let now = 60_000;
+    for t in 0..20 {
+        cost.dispatched(cs[0].key, now - 10_000 + t * 500);
+        if t % 2 == 0 {
+            cost.dispatched(cs[1].key, now - 10_000 + t * 500);
+            cost.dispatched(cs[2].key, now - 10_000 + t * 500);
+        }
+    }
+    let r = RequestView {
+        blocks: &[7, 8, 9],
+        prompt_tokens: 4000,
+        block_tokens: 16,
+        now_ms: now,
+        explain: true,
+        ..Default::default()
+    };
+    // The fleet's utilization is learned from the decisions (each finds every queue busy).
+    let mut d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+    for _ in 0..100 {
+        d = p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap();
+    }
+    // On 0 the prompt would start soonest (720 ms against 1,520), but every warm turn
+    // arriving there for as long as the fleet stays busy would wait its 500 ms.
+    assert_ne!(d.idx, 0, "{}", d.explain());
+    assert_eq!(d.reason.as_ref(), "least-cached", "{}", d.explain());
+    assert!(d.explain().contains("harm"), "{}", d.explain());
+}
+
+#[test]
 fn empty_candidates_is_none() {
     let f = Fixture::new(LbPolicy::LeastRequest, Some(AffinityMode::Soft), true);
     assert!(f.decide(&RequestView::default(), &[]).is_none());
