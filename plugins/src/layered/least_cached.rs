@@ -53,9 +53,9 @@ impl Stage for LeastCachedStage {
         // whose live sessions keep coming back is no saving when they all wait behind the
         // prompt; and the room stays the request's own, however large the harms are.
         let total = |i: usize| cx.est.get(i).map_or(0.0, |e| e.ms + harm(i));
-        let all_fit = !(0..n).any(|i| cx.cands[i].kv_fits(prompt));
+        let none_fits = !(0..n).any(|i| cx.cands[i].kv_fits(prompt));
         let least_total = (0..n)
-            .filter(|&i| all_fit || cx.cands[i].kv_fits(prompt))
+            .filter(|&i| none_fits || cx.cands[i].kv_fits(prompt))
             .map(total)
             .fold(f64::INFINITY, f64::min);
         let limit = least_total + cx.min_est * t.tolerance + t.slack_ms;
