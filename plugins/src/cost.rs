@@ -440,6 +440,15 @@ mod tests {
         }
     }
 
+    /// A model with these priors (tokens/s, ms per decode step).
+    fn model(prior_prefill_tps: f64, prior_step_ms: f64) -> CostModel {
+        CostModel::new(CostConfig {
+            prior_prefill_tps,
+            prior_step_ms,
+            ..CostConfig::default()
+        })
+    }
+
     fn est(m: &CostModel, req: &RequestView<'_>, cs: &[Candidate]) -> Vec<Estimate> {
         let mut out = vec![Estimate::default(); cs.len()];
         m.estimate_all(req, cs, &mut out);
@@ -456,11 +465,7 @@ mod tests {
 
     #[test]
     fn known_queues_and_matches_give_the_expected_order() {
-        let m = CostModel::new(CostConfig {
-            prior_prefill_tps: 1000.0,
-            prior_step_ms: 10.0,
-            ..CostConfig::default()
-        });
+        let m = model(1000.0, 10.0);
         let index = crate::prefix::PrefixIndex::default();
         let blocks: Vec<u64> = (0..64).collect(); // 64 blocks of 16 = 1024 tokens
         index.insert(&blocks, InstanceKey(0), 0); // 0 holds the whole prompt …
@@ -492,11 +497,7 @@ mod tests {
 
     #[test]
     fn rates_are_learned_per_instance_and_new_instances_get_the_fleets() {
-        let m = CostModel::new(CostConfig {
-            prior_prefill_tps: 8000.0,
-            prior_step_ms: 10.0,
-            ..CostConfig::default()
-        });
+        let m = model(8000.0, 10.0);
         // Instance 1 prefills 1000 tok/s: 1000 own tokens took 1 s + one 10 ms step.
         for _ in 0..5 {
             m.observe(
@@ -582,11 +583,7 @@ mod tests {
 
     #[test]
     fn arrivals_decay_and_a_prefills_harm_is_quadratic_in_its_length() {
-        let m = CostModel::new(CostConfig {
-            prior_prefill_tps: 1000.0,
-            prior_step_ms: 0.0,
-            ..CostConfig::default()
-        });
+        let m = model(1000.0, 0.0);
         let (busy, quiet) = (cand(1, 0), cand(2, 0));
         for _ in 0..10 {
             m.dispatched(busy.key, 50_000);
@@ -618,11 +615,7 @@ mod tests {
 
     #[test]
     fn in_a_saturated_fleet_a_cold_prefill_harms_most_where_sessions_come_back_most() {
-        let m = CostModel::new(CostConfig {
-            prior_prefill_tps: 1000.0,
-            prior_step_ms: 0.0,
-            ..CostConfig::default()
-        });
+        let m = model(1000.0, 0.0);
         // A hot tenant's home drains its cheap warm turns fast (200 ms queued) while its
         // sessions come back 2 times a second; the other engine has 2 s queued and 1 arrival
         // a second. Both have requests waiting at every decision: the fleet is saturated.
@@ -650,11 +643,7 @@ mod tests {
         assert!(h0 > h1, "{h0} vs {h1}");
         assert!(e[0].ms + h0 > e[1].ms + h1, "{e:?}");
         // An idle fleet: no persistence, and the hot home's own short queue is all it counts.
-        let m2 = CostModel::new(CostConfig {
-            prior_prefill_tps: 1000.0,
-            prior_step_ms: 0.0,
-            ..CostConfig::default()
-        });
+        let m2 = model(1000.0, 0.0);
         let idle = cand(1, 0);
         m2.dispatched(idle.key, 50_000);
         let mut e = est(&m2, &req(1000), &[idle]);
@@ -665,11 +654,7 @@ mod tests {
 
     #[test]
     fn requests_the_engine_queued_for_others_count() {
-        let m = CostModel::new(CostConfig {
-            prior_prefill_tps: 1000.0,
-            prior_step_ms: 0.0,
-            ..CostConfig::default()
-        });
+        let m = model(1000.0, 0.0);
         m.observe(
             InstanceKey(9),
             &Observation {

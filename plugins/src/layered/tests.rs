@@ -128,14 +128,20 @@ fn least_cached_sends_a_cold_prompt_to_the_emptiest_cache_that_is_not_far_slower
     assert_eq!(pick(&cs).idx, 1);
 }
 
+/// Prefix, then least-cached with the default tolerance, both reading `cost`.
+fn prefix_then_least_cached(cost: &Arc<CostModel>) -> Pipeline {
+    Pipeline::new(
+        FirstHit::balance(LbPolicy::LeastToken)
+            .with_cost(cost.clone())
+            .then(PrefixStage::default())
+            .then(LeastCachedStage(CostTolerance::default())),
+    )
+}
+
 #[test]
 fn a_long_cold_prompt_goes_where_fewer_sessions_come_back_and_a_short_one_by_cache() {
     let cost = Arc::new(CostModel::default()); // 8,000 tokens/s, 20 ms steps
-    let fh = FirstHit::balance(LbPolicy::LeastToken)
-        .with_cost(cost.clone())
-        .then(PrefixStage::default())
-        .then(LeastCachedStage(CostTolerance::default()));
-    let p = Pipeline::new(fh);
+    let p = prefix_then_least_cached(&cost);
     let mut cs = idle(3);
     for (c, held) in cs.iter_mut().zip([10, 100, 100]) {
         c.placed_blocks = held;
@@ -193,11 +199,7 @@ fn a_long_cold_prompt_goes_where_fewer_sessions_come_back_and_a_short_one_by_cac
 #[test]
 fn in_a_saturated_fleet_a_cold_prompt_skips_the_hot_home_whose_queue_is_short() {
     let cost = Arc::new(CostModel::default()); // 8,000 tokens/s, 20 ms steps
-    let fh = FirstHit::balance(LbPolicy::LeastToken)
-        .with_cost(cost.clone())
-        .then(PrefixStage::default())
-        .then(LeastCachedStage(CostTolerance::default()));
-    let p = Pipeline::new(fh);
+    let p = prefix_then_least_cached(&cost);
     // Every instance has requests waiting. Instance 0 is a hot tenant's home: its warm turns
     // are cheap (200 ms queued) and come back twice a second; 1 and 2 have 1 s queued and one
     // arrival a second. 0 also has the emptiest cache.
