@@ -16,7 +16,10 @@ into the per-request percentiles; the per-session figures count every session on
 Per config, one line: the cells won on all four (p50, p90 and p99 below smg's, cached ratio
 not below), the cells more than 10 % behind smg on p99, and issue 34's bar: in every cell
 p99 <= smg's, p50 <= 1.1 x smg's and cached >= smg's - 1 point, and p99 at least 20 % below
-smg's in half the cells or more. Capacity cells (cap-*) get a table of requests per engine
+smg's in half the cells or more; beside it, in how many cells that is possible at all: where the
+config's p99 floor (summary.json `p99_floor`: the p99 over the requests of what no router can
+avoid, a tenant's first prompt prefilled whole at the fastest engine's rate) is at most 0.8 x
+smg's p99. Capacity cells (cap-*) get a table of requests per engine
 per time bucket instead.
 
 A config run more than once per seed (`NAME@2`, `NAME@3` in CONFIGS beside `NAME`) counts as
@@ -75,7 +78,7 @@ def merge(reps):
     if len(reps) == 1:
         return reps[0]
     m = dict(reps[0])
-    for k in KEYS + SESSION_KEYS + ("cached",):
+    for k in KEYS + SESSION_KEYS + ("cached", "p99_floor"):
         m[k] = median([r.get(k) for r in reps])
     m["reps"] = len(reps)
     return m
@@ -95,7 +98,7 @@ def median(xs):
 
 
 def medians(seeds):
-    m = {k: median([s.get(k) for s in seeds.values()]) for k in KEYS + SESSION_KEYS}
+    m = {k: median([s.get(k) for s in seeds.values()]) for k in KEYS + SESSION_KEYS + ("p99_floor",)}
     c = median([s.get("cached") for s in seeds.values()])
     m["cached"] = None if c is None else 100 * c
     reps = max((s.get("reps", 1) for s in seeds.values()), default=1)
@@ -176,9 +179,9 @@ def main(out):
                 continue
             print("## %s ÷ %s" % (cfg, REF))
             print()
-            print("| cell | p50 ÷ | p90 ÷ | p99 ÷ | cached − (points) | all four | bar |")
-            print("|---|---|---|---|---|---|---|")
-            won = worse = ahead = n = 0
+            print("| cell | p50 ÷ | p90 ÷ | p99 ÷ | cached − (points) | all four | bar | p99 floor ÷ smg's p99 |")
+            print("|---|---|---|---|---|---|---|---|")
+            won = worse = ahead = possible = n = 0
             fails = []
             for c, v in work.items():
                 if cfg not in v["runs"] or REF not in v["runs"]:
@@ -193,15 +196,18 @@ def main(out):
                 won += all4
                 worse += r["p99"] is not None and r["p99"] > 1.1
                 ahead += r["p99"] is not None and r["p99"] <= 0.8
+                # the lowest p99 ratio any router could reach in this cell
+                floor = ratio(a.get("p99_floor"), b["p99"])
+                possible += floor is None or floor <= 0.8
                 if not bar:
                     fails.append(c)
-                print("| %s | %s | %s | %s | %s | %s | %s |" % (
+                print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
                     c, fr(r["p50"]), fr(r["p90"]), fr(r["p99"]), "-" if dc is None else "%+.1f" % dc,
-                    "yes" if all4 else "", "ok" if bar else "**no**"))
+                    "yes" if all4 else "", "ok" if bar else "**no**", fr(floor)))
             print()
             meets = n > 0 and not fails and ahead * 2 >= n
-            lines.append("| %s | %d of %d | %d | %d of %d | %s |" % (
-                cfg, won, n, worse, ahead, n,
+            lines.append("| %s | %d of %d | %d | %d of %d (possible in %d) | %s |" % (
+                cfg, won, n, worse, ahead, n, possible,
                 ("**yes**" if meets else "no") + ("" if not fails else " (fails in: %s)" % ", ".join(fails))
                 + ("" if ahead * 2 >= n else "; ≥ 20 % ahead on p99 in fewer than half")))
         print("## Per config")
