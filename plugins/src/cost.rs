@@ -14,11 +14,11 @@
 //! * `U_i` — this request's uncached tokens there: its prompt minus the prefix `i` holds
 //!   ([`RequestView::uncached_tokens`]).
 //! * `R_i` — `i`'s prefill rate, tokens per second, learned online (an EWMA) from the requests
-//!   it served: each completed request's prefill work (what was queued ahead of it plus its own
-//!   uncached tokens, the latter as the engine reported them) over its observed prefill time
-//!   (dispatch → first token, minus one decode step). Before an instance has enough samples,
-//!   the mean rate of the instances that have, else the configured prior — so a new or
-//!   restarted instance is not starved by a pessimistic guess.
+//!   it served: the uncached tokens (as the engine reported them) of each completed request
+//!   that found nothing queued ahead of it, over its observed prefill time (dispatch → first
+//!   token, minus one decode step). Before an instance has `min_samples` such requests, the
+//!   mean rate of the instances that have, else the configured prior — so a new or restarted
+//!   instance is not starved by a pessimistic guess.
 //! * `D_i` — decode interference: one decode step of `i`'s running batch, learned the same way
 //!   from streams' time per output token. The first token waits for it.
 //! * `P` — `miss_penalty`: uncached tokens cost more than their own prefill time, because
@@ -46,7 +46,11 @@ pub struct CostConfig {
     pub prior_step_ms: f64,
     /// Weight of a new observation in the moving averages (0..1]. Default 0.2.
     pub alpha: f64,
-    /// Samples before an instance's own rate is trusted over the fleet's. Default 3.
+    /// Samples before an instance's own rate is trusted over the fleet's. Default 3. (1 was
+    /// tried in the matrix's run 9: with mixed GPU generations the half-speed engines then
+    /// looked slow from their first prefill and the fast ones took the work and thrashed their
+    /// small caches — `many-4k-agents-fifth-high-mixed-chunked` lost 2–6 cached points on
+    /// each of seeds 1–3.)
     pub min_samples: u32,
     /// Extra cost of uncached tokens, as a fraction of their prefill time. Default 0.
     pub miss_penalty: f64,
