@@ -703,11 +703,7 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
         1,
         engine_sim::SimConfig {
             time_scale: 1.0,
-            // ~1.6 s per long prompt: the short one must arrive while long1 still prefills
-            // (long2 is held only until long1's first token). At 2,000 tokens/s that window
-            // was ~0.8 s, and a fresh-clone CI run once took longer than that to count the
-            // four arrivals one after another (order long1, long2, short, long3).
-            prefill_tps: 1000.0,
+            prefill_tps: 2000.0,
             ..Default::default()
         },
     )
@@ -760,7 +756,7 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
         // Each arrives after the one before is counted at the instance.
         inflight(n as u64 + 1).await;
     }
-    // Held: long2, long3 and short while long1 prefills (~1.6 s), then at least long3 until
+    // Held: long2, long3 and short while long1 prefills (~0.8 s), then at least long3 until
     // long2's first token: at least one for more than a second after the fourth arrived.
     let held_now = metric(
         &gw.metrics().await,
