@@ -710,8 +710,7 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
     .await;
     // Held requests go by arrival + predicted prefill. With a prior of 1,000 tokens/s a long
     // prompt's prediction is ~3.4 s, so the short one overtakes long2 and long3 unless it
-    // arrives more than ~3.4 s after long2 (at the 8,000 prior that margin was ~0.4 s, and a
-    // loaded CI machine once took longer than that between long2 and short).
+    // arrives more than ~3.4 s after long2.
     let gw = GatewayProc::start(&format!(
         "cost_model: {{prior_prefill_tokens_per_second: 1000}}\nservices:\n  - name: m\n    scheduler: {{mode: layered}}\n{extra}{}",
         sim_instances(&fleet)
@@ -777,7 +776,12 @@ async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_
     // the gateway, each with the key arrival + its predicted prefill; the short one (a few
     // ms) arrives just after them and is sent first, as soon as the first long one has its
     // first token.
-    let (order, held, held_now) = long_long_long_short("    engine_queue: {hold: true}\n").await;
+    // `min_queued: 0s`: the short request's prediction (~24 ms) is below the default 250 ms,
+    // so at long1's first token the queue would send long2 with it (a batching engine's
+    // worth) and the two would race to this serialized engine; a debug build under
+    // parallel tests lost that race about one run in four.
+    let (order, held, held_now) =
+        long_long_long_short("    engine_queue: {hold: true, min_queued: 0s}\n").await;
     assert_eq!(order, ["long1", "short", "long2", "long3"], "held");
     assert!(held_now >= 1.0, "tokengate_held_requests {held_now}");
     let ms: u64 = held
