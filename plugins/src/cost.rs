@@ -115,6 +115,10 @@ pub struct Estimate {
     /// The fleet's shared backlog: the mean queued prefill over the candidates, ms (0 until
     /// [`CostModel::arrivals`]). See [`Self::harm_ms`].
     pub pool_queue_ms: f64,
+    /// The mean number of requests recent routing decisions found waiting for their first
+    /// token there (decayed like [`Self::rho`]; 0 until [`CostModel::utilization`]). See
+    /// [`Self::harm_ms`].
+    pub waiting: f64,
 }
 
 impl Estimate {
@@ -135,26 +139,38 @@ impl Estimate {
     /// instance's busy period would have ended, so
     ///
     /// ```text
-    ///   λ · own · (B + own / 2) / (1 − ρ)
+    ///   λ · own · (B + own / 2) · (1 + min(N, ρ / (1 − ρ)))
     /// ```
     ///
     /// λ the instance's arrival rate ([`Self::lambda`]); `B` the backlog ahead of the work:
     /// its own queue, or the fleet's mean queue ([`Self::pool_queue_ms`]) when that is
     /// longer, because a router that sends new work to the shorter queues refills a short
-    /// one to the fleet's level; `1 / (1 − ρ)` how much longer a busy period lasts than its
-    /// backlog at the instance's utilization ([`Self::rho`], capped at [`RHO_CAP`]; an M/G/1
-    /// queue's). Quadratic in the prompt: a cold 12k-token prefill on an engine whose live
-    /// sessions come back every second stalls several warm turns behind it, where a 1k
-    /// prompt's costs them a few milliseconds. And on a saturated instance the work stays
-    /// ahead of every later arrival: a hot tenant's home drains its cheap warm turns fast
-    /// and looks nearly idle this instant, but each of them would wait behind a cold prompt
-    /// placed there (`many-4k-agents-half-overload`, seed 1: one such placement cost the
-    /// next ~25 hot turns 3–4 s each).
+    /// one to the fleet's level; the last factor how much longer a busy period lasts than its
+    /// backlog ([`Self::busy_factor`]: `1 / (1 − ρ)` at the instance's utilization
+    /// [`Self::rho`], capped at [`RHO_CAP`], unless the requests found waiting there, `N`,
+    /// were fewer than an M/M/1 queue would hold). Quadratic in the prompt: a cold 12k-token
+    /// prefill on an engine whose live sessions come back every second stalls several warm
+    /// turns behind it, where a 1k prompt's costs them a few milliseconds. And on a
+    /// saturated instance the work stays ahead of every later arrival: a hot tenant's home
+    /// drains its cheap warm turns fast and looks nearly idle this instant, but each of them
+    /// would wait behind a cold prompt placed there (`many-4k-agents-half-overload`, seed 1:
+    /// one such placement cost the next ~25 hot turns 3–4 s each).
     pub fn harm_ms(&self) -> f64 {
-        let rho = self.rho.clamp(0.0, RHO_CAP);
         self.lambda.max(0.0) * self.own_ms / 1000.0
             * (self.queue_ms.max(self.pool_queue_ms) + self.own_ms / 2.0)
-            / (1.0 - rho)
+            * self.busy_factor()
+    }
+
+    /// How much longer the instance's busy period lasts than the backlog that starts it:
+    /// `1 / (1 − ρ)` for an M/G/1 queue, which is `1 +` the mean number of requests an
+    /// M/M/1 queue at that utilization holds (ρ / (1 − ρ)). Where decisions found fewer
+    /// waiting than that ([`Self::waiting`]), `1 +` that number: sessions that wait for
+    /// their answer before sending the next turn keep an instance busy at every decision
+    /// (ρ → 1) with one or two requests waiting, and `1 / (1 − ρ)` priced it like the
+    /// saturated queue next to it with sixteen.
+    pub fn busy_factor(&self) -> f64 {
+        let rho = self.rho.clamp(0.0, RHO_CAP);
+        1.0 + self.waiting.max(0.0).min(rho / (1.0 - rho))
     }
 }
 
@@ -171,7 +187,8 @@ const RHO_ALPHA: f64 = 1.0 / 32.0;
 
 impl Estimate {
     /// `est=412ms(q=300+own=100+dec=12 @9.5k/s)`
-    /// (`… busy=0.88)` when the utilization was sampled: [`Self::queue_cost_ms`].)
+    /// (`… busy=0.88 avg_wait=1.2 arrivals=2.1/s)` when the utilization was sampled:
+    /// [`Self::rho`], [`Self::waiting`], [`Self::lambda`].)
     pub fn describe(&self, out: &mut String) {
         let _ = write!(
             out,
@@ -184,6 +201,9 @@ impl Estimate {
         );
         if self.rho > 0.0 {
             let _ = write!(out, " busy={:.2}", self.rho);
+        }
+        if self.waiting > 0.0 {
+            let _ = write!(out, " avg_wait={:.1}", self.waiting);
         }
         if self.lambda > 0.0 {
             let _ = write!(out, " arrivals={:.1}/s", self.lambda);
@@ -201,8 +221,8 @@ pub struct CostModel {
     /// the size of a request queued in an engine by someone else.
     mean_uncached_milli: AtomicU64,
     /// Per instance: the share of recent decisions that found it with requests waiting for
-    /// their first token ([`Self::utilization`]).
-    busy: parking_lot::Mutex<HashMap<InstanceKey, f64>>,
+    /// their first token, and the mean number they found waiting ([`Self::utilization`]).
+    busy: parking_lot::Mutex<HashMap<InstanceKey, (f64, f64)>>,
     /// Per instance: its decayed dispatch count and when it was last updated (ms)
     /// ([`Self::dispatched`]).
     arrivals: parking_lot::Mutex<HashMap<InstanceKey, (f64, u64)>>,
@@ -365,13 +385,14 @@ impl CostModel {
                 rho: 0.0,
                 lambda: 0.0,
                 pool_queue_ms: 0.0,
+                waiting: 0.0,
             };
         }
     }
 
     /// Samples each candidate's prefill busy state (requests waiting for their first token,
-    /// ours or, with engine metrics, anyone's) into its utilization average and writes it to
-    /// `out[i].rho`. Call once per routing decision, after [`Self::estimate_all`]: arrivals
+    /// ours or, with engine metrics, anyone's) into its utilization average and its mean
+    /// count waiting, and writes them to `out[i].rho` and `out[i].waiting`. Call once per routing decision, after [`Self::estimate_all`]: arrivals
     /// see time averages, so the share of decisions that find an instance busy estimates its
     /// prefill utilization.
     /// Also writes each one's arrival rate at `now_ms` ([`Self::arrivals`]).
@@ -379,13 +400,14 @@ impl CostModel {
         {
             let mut busy = self.busy.lock();
             for c in cands {
-                let x = if c.waiting > 0 || c.engine.is_some_and(|el| el.waiting > 0) {
-                    1.0
-                } else {
-                    0.0
-                };
-                let r = busy.entry(c.key).or_insert(0.0);
+                let w = c
+                    .waiting
+                    .max(c.engine.map_or(0, |el| u64::from(el.waiting)))
+                    as f64;
+                let x = if w > 0.0 { 1.0 } else { 0.0 };
+                let (r, n) = busy.entry(c.key).or_insert((0.0, 0.0));
                 *r += RHO_ALPHA * (x - *r);
+                *n += RHO_ALPHA * (w - *n);
             }
         }
         self.arrivals(cands, now_ms, out);
@@ -401,8 +423,8 @@ impl CostModel {
     }
 
     /// Writes each candidate's arrival rate at `now_ms` (requests per second, from
-    /// [`Self::dispatched`]) to `out[i].lambda`, its utilization as last sampled to
-    /// `out[i].rho`, and the fleet's mean queue over `cands` to `out[i].pool_queue_ms`
+    /// [`Self::dispatched`]) to `out[i].lambda`, its utilization and mean count waiting as
+    /// last sampled to `out[i].rho` and `out[i].waiting`, and the fleet's mean queue over `cands` to `out[i].pool_queue_ms`
     /// ([`Estimate::harm_ms`]). Call after [`CostModel::estimate_all`].
     pub fn arrivals(&self, cands: &[Candidate], now_ms: u64, out: &mut [Estimate]) {
         let n = out.len().min(cands.len()).max(1) as f64;
@@ -410,7 +432,7 @@ impl CostModel {
         let busy = self.busy.lock();
         let a = self.arrivals.lock();
         for (e, c) in out.iter_mut().zip(cands) {
-            e.rho = busy.get(&c.key).copied().unwrap_or(0.0);
+            (e.rho, e.waiting) = busy.get(&c.key).copied().unwrap_or((0.0, 0.0));
             e.pool_queue_ms = pool_queue_ms;
             e.lambda = a.get(&c.key).map_or(0.0, |(n, at)| {
                 decay(*n, *at, now_ms) * 1000.0 / ARRIVAL_TAU_MS
@@ -622,10 +644,11 @@ mod tests {
         let m = model(1000.0, 0.0);
         // A hot tenant's home drains its cheap warm turns fast (200 ms queued) while its
         // sessions come back 2 times a second; the other engine has 2 s queued and 1 arrival
-        // a second. Both have requests waiting at every decision: the fleet is saturated.
+        // a second. Both have requests waiting at every decision (the fleet is saturated):
+        // 3 cheap ones on the hot home, 2 on the other.
         let (mut hot, mut cold) = (cand(1, 200), cand(2, 2000));
-        hot.waiting = 1;
-        cold.waiting = 3;
+        hot.waiting = 3;
+        cold.waiting = 2;
         for t in 0..20 {
             m.dispatched(hot.key, 40_000 + t * 500);
             if t % 2 == 0 {
@@ -637,6 +660,8 @@ mod tests {
             m.utilization(&[hot, cold], 50_000, &mut e);
         }
         assert!(e[0].rho > 0.9 && e[1].rho > 0.9, "{e:?}");
+        assert!((e[0].waiting - 3.0).abs() < 1e-2, "{e:?}");
+        assert!((e[0].busy_factor() - 4.0).abs() < 1e-2, "{e:?}");
         assert!((e[0].pool_queue_ms - 1100.0).abs() < 1e-6, "{e:?}");
         // Its own wait is shorter on the hot home ...
         assert!(e[0].ms < e[1].ms, "{e:?}");
@@ -653,7 +678,42 @@ mod tests {
         let mut e = est(&m2, &req(1000), &[idle]);
         m2.utilization(&[idle], 50_000, &mut e);
         assert!(e[0].rho < 0.05, "{e:?}");
-        assert!((e[0].harm_ms() - 0.1 * 500.0 / (1.0 - e[0].rho)).abs() < 1e-6);
+        assert!((e[0].harm_ms() - 0.1 * 500.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_busy_instance_with_few_waiting_is_not_priced_like_a_saturated_queue() {
+        // The overload cell (`many-4k-agents-half-overload`, seed 4): sessions that wait for
+        // their answers keep both engines busy at every decision. e2 drains its sessions'
+        // warm turns with 1 request waiting (1.3 s queued, 2.1 arrivals/s); e4 has 16 waiting
+        // (23 s queued) and fewer arrivals, because its sessions are stuck in that queue.
+        let m = model(1000.0, 0.0);
+        let (mut e2, mut e4) = (cand(2, 1300), cand(4, 23_000));
+        e2.waiting = 1;
+        e4.waiting = 16;
+        for t in 0..21 {
+            m.dispatched(e2.key, 40_000 + t * 476);
+            if t % 2 == 0 {
+                m.dispatched(e4.key, 40_000 + t * 476);
+            }
+        }
+        let mut e = est(&m, &req(4800), &[e2, e4]);
+        for _ in 0..200 {
+            m.utilization(&[e2, e4], 50_000, &mut e);
+        }
+        assert!(e[0].rho > 0.9 && e[1].rho > 0.9, "{e:?}");
+        assert!(e[0].lambda > 1.5 * e[1].lambda, "{e:?}");
+        // The busy period outlasts the backlog by the requests found there: × (1 + 1) on e2
+        // and × (1 + 16) on e4, where 1 / (1 − ρ) would be × 20 on both (ρ at its cap).
+        assert!((e[0].busy_factor() - 2.0).abs() < 1e-2, "{e:?}");
+        assert!(e[1].busy_factor() > 15.0, "{e:?}");
+        // A cold 4.8k prompt harms e4's stuck sessions more than e2's, and goes to e2: with
+        // 1 / (1 − ρ) on both, e2's higher arrival rate and the fleet's mean queue made e4
+        // the cheaper, and its queue grew to 27 s while e2 stayed near 1 s.
+        let (h2, h4) = (e[0].harm_ms(), e[1].harm_ms());
+        assert!(e[0].ms + h2 < e[1].ms + h4, "{h2} vs {h4}: {e:?}");
+        let old = |x: &Estimate| x.harm_ms() / x.busy_factor() / (1.0 - x.rho.min(RHO_CAP));
+        assert!(e[0].ms + old(&e[0]) > e[1].ms + old(&e[1]), "{e:?}");
     }
 
     #[test]

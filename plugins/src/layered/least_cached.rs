@@ -82,7 +82,7 @@ impl Stage for LeastCachedStage {
         let start = (cx.req.turn % n as u64) as usize;
         if cx.req.explain {
             cx.notes.push(format!(
-                "least-cached: eligible if est + harm <= least + best est*{}+{}ms={limit:.0}ms (harm: arrivals x own x (max(queue, fleet mean queue) + own/2) / (1 - busy)), fewest cached blocks wins (tie: lower load)",
+                "least-cached: eligible if est + harm <= least + best est*{}+{}ms={limit:.0}ms (harm: arrivals x own x (max(queue, fleet mean queue) + own/2) x (1 + min(avg_wait, busy/(1 - busy)))), fewest cached blocks wins (tie: lower load)",
                 t.tolerance, t.slack_ms,
             ));
         }
