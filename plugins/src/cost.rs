@@ -392,9 +392,10 @@ impl CostModel {
 
     /// Samples each candidate's prefill busy state (requests waiting for their first token,
     /// ours or, with engine metrics, anyone's) into its utilization average and its mean
-    /// count waiting, and writes them to `out[i].rho` and `out[i].waiting`. Call once per routing decision, after [`Self::estimate_all`]: arrivals
-    /// see time averages, so the share of decisions that find an instance busy estimates its
-    /// prefill utilization.
+    /// count waiting, and writes them to `out[i].rho` and `out[i].waiting`. Call once per
+    /// routing decision, after [`Self::estimate_all`]: arrivals see time averages, so the
+    /// share of decisions that find an instance busy estimates its prefill utilization, and
+    /// the mean count they find the mean number waiting.
     /// Also writes each one's arrival rate at `now_ms` ([`Self::arrivals`]).
     pub fn utilization(&self, cands: &[Candidate], now_ms: u64, out: &mut [Estimate]) {
         {
@@ -424,8 +425,9 @@ impl CostModel {
 
     /// Writes each candidate's arrival rate at `now_ms` (requests per second, from
     /// [`Self::dispatched`]) to `out[i].lambda`, its utilization and mean count waiting as
-    /// last sampled to `out[i].rho` and `out[i].waiting`, and the fleet's mean queue over `cands` to `out[i].pool_queue_ms`
-    /// ([`Estimate::harm_ms`]). Call after [`CostModel::estimate_all`].
+    /// last sampled to `out[i].rho` and `out[i].waiting`, and the fleet's mean queue over
+    /// `cands` to `out[i].pool_queue_ms` ([`Estimate::harm_ms`]). Call after
+    /// [`CostModel::estimate_all`].
     pub fn arrivals(&self, cands: &[Candidate], now_ms: u64, out: &mut [Estimate]) {
         let n = out.len().min(cands.len()).max(1) as f64;
         let pool_queue_ms = out.iter().map(|e| e.queue_ms).sum::<f64>() / n;
