@@ -641,6 +641,23 @@ mod tests {
         assert!((e[0].harm_ms() - 1500.0).abs() < 1e-6, "{:?}", e[0]);
     }
 
+    /// Two instances the gateway sent requests to in the 10 s before 50 s, `fast` every
+    /// 500 ms and `slow` every second, then 200 decisions at 50 s that find them as they are
+    /// (their `waiting`, their queue): the estimates of a `prompt`-token cold request.
+    fn sampled_pair(m: &CostModel, fast: Candidate, slow: Candidate, prompt: u64) -> Vec<Estimate> {
+        for t in 0..20 {
+            m.dispatched(fast.key, 40_000 + t * 500);
+            if t % 2 == 0 {
+                m.dispatched(slow.key, 40_000 + t * 500);
+            }
+        }
+        let mut e = est(m, &req(prompt), &[fast, slow]);
+        for _ in 0..200 {
+            m.utilization(&[fast, slow], 50_000, &mut e);
+        }
+        e
+    }
+
     #[test]
     fn in_a_saturated_fleet_a_cold_prefill_harms_most_where_sessions_come_back_most() {
         let m = model(1000.0, 0.0);
@@ -651,16 +668,7 @@ mod tests {
         let (mut hot, mut cold) = (cand(1, 200), cand(2, 2000));
         hot.waiting = 3;
         cold.waiting = 2;
-        for t in 0..20 {
-            m.dispatched(hot.key, 40_000 + t * 500);
-            if t % 2 == 0 {
-                m.dispatched(cold.key, 40_000 + t * 500);
-            }
-        }
-        let mut e = est(&m, &req(1000), &[hot, cold]);
-        for _ in 0..200 {
-            m.utilization(&[hot, cold], 50_000, &mut e);
-        }
+        let e = sampled_pair(&m, hot, cold, 1000);
         assert!(e[0].rho > 0.9 && e[1].rho > 0.9, "{e:?}");
         assert!((e[0].waiting - 3.0).abs() < 1e-2, "{e:?}");
         assert!((e[0].busy_factor() - 4.0).abs() < 1e-2, "{e:?}");
@@ -688,21 +696,12 @@ mod tests {
         // The overload cell (`many-4k-agents-half-overload`, seed 4): sessions that wait for
         // their answers keep both engines busy at every decision. e2 drains its sessions'
         // warm turns with 1 request waiting (1.3 s queued, 2.1 arrivals/s); e4 has 16 waiting
-        // (23 s queued) and fewer arrivals, because its sessions are stuck in that queue.
+        // (23 s queued) and half the arrivals, because its sessions are stuck in that queue.
         let m = model(1000.0, 0.0);
         let (mut e2, mut e4) = (cand(2, 1300), cand(4, 23_000));
         e2.waiting = 1;
         e4.waiting = 16;
-        for t in 0..21 {
-            m.dispatched(e2.key, 40_000 + t * 476);
-            if t % 2 == 0 {
-                m.dispatched(e4.key, 40_000 + t * 476);
-            }
-        }
-        let mut e = est(&m, &req(4800), &[e2, e4]);
-        for _ in 0..200 {
-            m.utilization(&[e2, e4], 50_000, &mut e);
-        }
+        let e = sampled_pair(&m, e2, e4, 4800);
         assert!(e[0].rho > 0.9 && e[1].rho > 0.9, "{e:?}");
         assert!(e[0].lambda > 1.5 * e[1].lambda, "{e:?}");
         // The busy period outlasts the backlog by the requests found there: × (1 + 1) on e2
