@@ -41,6 +41,8 @@ pub struct PredictedTtftParams {
     /// `true`: candidates beyond the room are removed before any plugin scores (the other
     /// plugins choose among the rest, whatever their weights), and the score ranks those
     /// left from the best (no plateau). Without `tolerance` / `slack` only the best stays.
+    /// For a prompt no candidate holds any of, the room is over the estimate plus the
+    /// prefill's harm to those arriving behind it, above the least such total.
     #[serde(default)]
     pub filter: bool,
     /// With `filter`: a candidate beyond the room that holds more of the prompt than another
@@ -217,10 +219,32 @@ impl Scorer for PredictedTtftScorer {
             .filter(|(_, k)| **k)
             .map(|(e, _)| e.ms)
             .fold(f64::INFINITY, f64::min);
-        let limit = self.limit(best);
         if self.stay_or_move.is_some() {
             self.model.utilization(cands, req.now_ms, &mut est);
         }
+        // A cold prompt (no candidate holds any of it) is kept by its predicted TTFT plus its
+        // prefill's harm to the requests arriving behind it, within the room above the least
+        // such total, as the score ranks it and as the layered mode's least-cached layer
+        // keeps it. (On TTFT alone the room kept a hot tenant's busy home, whose cheap warm
+        // turns leave a short queue this instant, and the harm was one plugin's 0.25 among
+        // the others: matrix run 11, the policy mode's p50 in `many-12k-people-half-high-8eq`
+        // 1.25 → 1.03 × smg's and in the overloaded cells 1.16 → 0.99 and 1.79 → 0.99.)
+        let cold = cands.iter().all(|c| req.matched(c) == 0);
+        if cold && self.stay_or_move.is_none() {
+            self.model.arrivals(cands, req.now_ms, &mut est);
+        }
+        let cost = |e: &Estimate| if cold { e.ms + e.harm_ms() } else { e.ms };
+        let least = est
+            .iter()
+            .zip(keep.iter())
+            .filter(|(_, k)| **k)
+            .map(|(e, _)| cost(e))
+            .fold(f64::INFINITY, f64::min);
+        let limit = if cold {
+            least + self.limit(best) - best
+        } else {
+            self.limit(best)
+        };
         // The fleet's figures the comparison reads, once per decision (not per candidate).
         let avg = cands.iter().map(|c| c.inflight_tokens).sum::<u64>() as f64
             / cands.len().max(1) as f64;
@@ -236,7 +260,7 @@ impl Scorer for PredictedTtftScorer {
             adaptive_verdict(req, cands, &est, a, i, any_fits, Others::HoldingLess).stays()
         };
         for (i, (k, e)) in keep.iter_mut().zip(&est).enumerate() {
-            if *k && e.ms > limit && !stays(i) {
+            if *k && cost(e) > limit && !stays(i) {
                 *k = false;
             }
         }
@@ -435,5 +459,53 @@ mod tests {
         // 20 tokens: 0.2 ms of harm, hardly a difference.
         score(20, &mut out);
         assert!(out[0] > 0.99, "{out:?}");
+    }
+
+    #[test]
+    fn as_a_filter_a_cold_prompt_is_kept_by_its_estimate_plus_harm() {
+        // Instance 0 is a hot tenant's home: a short queue (90 tokens) but sessions coming
+        // back once a second; 1 has 400 tokens queued and no arrivals; 2 has 2,000.
+        let (model, mut cs, _) = three_queues();
+        cs[0].prefill_tokens = 90;
+        cs[1].prefill_tokens = 400;
+        cs[2].prefill_tokens = 2000;
+        for _ in 0..10 {
+            model.dispatched(cs[0].key, 30_000);
+        }
+        let gate = PredictedTtftScorer::new(model)
+            .with_room(Some(CostTolerance {
+                tolerance: 0.5,
+                slack_ms: 50.0,
+            }))
+            .with_filter(true);
+        let req = |tokens| RequestView {
+            prompt_tokens: tokens,
+            block_tokens: 16,
+            now_ms: 30_000,
+            ..Default::default()
+        };
+        // 2,000 cold tokens: estimates 2,100, 2,410 and 4,010 ms. On 0 those arriving in the
+        // next 2 s wait behind it until the fleet's mean queue (830 ms) and half the prefill
+        // have passed: 1/s × 2 s × 1.83 s = 3,660 ms of harm. On TTFT alone 0 and 1 are
+        // within the room (2,100 × 1.5 + 50); with the harm 0 costs 5,760 ms against 1's
+        // 2,410, beyond 2,410 + 2,100 × 0.5 + 50 = 3,510.
+        let mut keep = vec![true; 3];
+        gate.filter(&req(2000), &cs, &mut keep);
+        assert_eq!(keep, vec![false, true, false]);
+        // A prompt someone holds part of is kept by its estimate alone (the stay-or-move
+        // comparison prices what a holder saves).
+        use crate::prefix::PrefixMatch;
+        let m: &'static PrefixMatch = Box::leak(Box::new(PrefixMatch {
+            prompt_blocks: 125,
+            best: 2,
+            per_instance: vec![(cs[2].key, 2)],
+        }));
+        let mut keep = vec![true; 3];
+        let warm = RequestView {
+            prefix: Some(m),
+            ..req(2000)
+        };
+        gate.filter(&warm, &cs, &mut keep);
+        assert_eq!(keep, vec![true, true, false]);
     }
 }
