@@ -227,8 +227,9 @@ impl Scorer for PredictedTtftScorer {
         // such total, as the score ranks it and as the layered mode's least-cached layer
         // keeps it. (On TTFT alone the room kept a hot tenant's busy home, whose cheap warm
         // turns leave a short queue this instant, and the harm was one plugin's 0.25 among
-        // the others: matrix run 11, the policy mode's p50 in `many-12k-people-half-high-8eq`
-        // 1.25 → 1.03 × smg's and in the overloaded cells 1.16 → 0.99 and 1.79 → 0.99.)
+        // the others: matrix run 11, seeds 1–3, the policy mode's p50 in
+        // `many-12k-people-half-high-8eq` 1.25 → 1.03 × smg's and in the overloaded cells
+        // 1.16 → 0.99 and 1.79 → 0.99.)
         let cold = cands.iter().all(|c| req.matched(c) == 0);
         if cold && self.stay_or_move.is_none() {
             self.model.arrivals(cands, req.now_ms, &mut est);
