@@ -235,13 +235,13 @@ impl Scorer for PredictedTtftScorer {
             self.model.arrivals(cands, req.now_ms, &mut est);
         }
         let cost = |e: &Estimate| if cold { e.ms + e.harm_ms() } else { e.ms };
-        let least = est
-            .iter()
-            .zip(keep.iter())
-            .filter(|(_, k)| **k)
-            .map(|(e, _)| cost(e))
-            .fold(f64::INFINITY, f64::min);
         let limit = if cold {
+            let least = est
+                .iter()
+                .zip(keep.iter())
+                .filter(|(_, k)| **k)
+                .map(|(e, _)| cost(e))
+                .fold(f64::INFINITY, f64::min);
             least + self.limit(best) - best
         } else {
             self.limit(best)
