@@ -9,6 +9,10 @@ Subcommands:
   env CELL                     shell assignments for one cell (sourced by matrix.sh)
   estimate "CELLS" N_SEEDS N_CONFIGS   the estimated wall time of a matrix run, seconds
   summarize DIR                one run's summary.json from its requests, engines and report
+  join OUT SRC[:CFG,CFG…]…     one run of several runs' seeds (symbolic links), for a scorecard
+                               over more seeds: `join target/bench/matrix/all9 …/s123 …/s456
+                               …/s789:tg-nokey,smg-cache-aware`; a seed and config found in
+                               two sources is an error
 
 A cell is written in the engines' (simulated) time; the load generator runs in real time, so
 the think times are divided by SIM_TIME_SCALE. Every cell sends about REQ_RATE requests per
@@ -376,6 +380,51 @@ def cmd_summarize(d):
         file=sys.stderr)
 
 
+def cmd_join(out, sources):
+    """OUT/<cell>/s<seed>/<config> → the source run's directory, for every source's cells,
+    seeds and (with `:CFG,CFG`) chosen configs; OUT/command.txt and build.txt name them all."""
+    if os.path.exists(out):
+        sys.exit("join: %s exists; pick a new name" % out)
+    made, commands, builds = 0, [], []
+    for src in sources:
+        path, _, only = src.partition(":")
+        keep = set(only.split(",")) if only else None
+        if not os.path.isdir(path):
+            sys.exit("join: %s is not a run directory" % path)
+        for cell in sorted(os.listdir(path)):
+            cj = os.path.join(path, cell, "cell.json")
+            if not os.path.isfile(cj):
+                continue
+            os.makedirs(os.path.join(out, cell), exist_ok=True)
+            if not os.path.exists(os.path.join(out, cell, "cell.json")):
+                os.symlink(os.path.abspath(cj), os.path.join(out, cell, "cell.json"))
+            for seed in sorted(os.listdir(os.path.join(path, cell))):
+                sd = os.path.join(path, cell, seed)
+                if not (seed.startswith("s") and seed[1:].isdigit() and os.path.isdir(sd)):
+                    continue
+                for cfg in sorted(os.listdir(sd)):
+                    if keep is not None and cfg not in keep:
+                        continue
+                    dst = os.path.join(out, cell, seed, cfg)
+                    if os.path.lexists(dst):
+                        sys.exit("join: %s %s %s is in %s and in %s" % (
+                            cell, seed, cfg, os.path.realpath(dst).split(os.sep + cell)[0], path))
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    os.symlink(os.path.abspath(os.path.join(sd, cfg)), dst)
+                    made += 1
+        for name, acc in (("command.txt", commands), ("build.txt", builds)):
+            f = os.path.join(path, name)
+            if os.path.exists(f):
+                acc.append(open(f).read().split("\n")[0].strip() if name == "build.txt" else open(f).read().strip())
+    if not made:
+        sys.exit("join: no seeds found in %s" % " ".join(sources))
+    with open(os.path.join(out, "command.txt"), "w") as f:
+        f.write("\n".join(commands + ["python3 bench/matrix.py join %s %s" % (out, " ".join(sources))]) + "\n")
+    with open(os.path.join(out, "build.txt"), "w") as f:
+        f.write("+".join(dict.fromkeys(b.split()[0] for b in builds if b)) + "\n")
+    print("joined %d runs of %d sources into %s" % (made, len(sources), out), file=sys.stderr)
+
+
 def main(argv):
     if len(argv) < 2:
         sys.exit(__doc__)
@@ -392,6 +441,8 @@ def main(argv):
         cmd_estimate(argv[2], argv[3], argv[4])
     elif cmd == "summarize" and len(argv) == 3:
         cmd_summarize(argv[2])
+    elif cmd == "join" and len(argv) >= 4:
+        cmd_join(argv[2], argv[3:])
     else:
         sys.exit(__doc__)
 

@@ -28,6 +28,7 @@ milliseconds, smg's p99 can differ 2 × between two runs of the same seed, and o
 decides a cell's ratio.
 """
 import glob
+import gzip
 import json
 import math
 import os
@@ -66,6 +67,7 @@ def load(out):
                 # failure, not a routing result). Left out of the medians, listed at the end.
                 BROKEN.append("%s seed %s %s" % (cell, seed, config))
                 continue
+            v["_ttft"] = after_warmup(os.path.dirname(sj), v)
             # NAME@k: the k-th repetition of NAME on this seed
             runs.setdefault(config.split("@")[0], {}).setdefault(int(seed), []).append(v)
         runs = {c: {sd: merge(reps) for sd, reps in seeds.items()} for c, seeds in runs.items()}
@@ -73,11 +75,30 @@ def load(out):
     return cells
 
 
+def after_warmup(d, summary):
+    """One run's TTFTs after the warm-up, as bench/matrix.py summarize counts them (a failed or
+    cancelled request: infinite), for the pooled view; None without its requests file."""
+    path = os.path.join(d, "requests.jsonl.gz")
+    if not os.path.exists(path):
+        return None
+    warmup_ms = float(os.environ.get("WARMUP", 2.5)) * 1000
+    with gzip.open(path, "rt") as f:
+        reqs = [json.loads(line) for line in f if line.strip()]
+    t = []
+    for r in reqs:
+        if r.get("sent_ms", 0) < warmup_ms:
+            continue
+        ok = r.get("error") is None and r.get("ttft_ms") is not None
+        t.append(r["ttft_ms"] if ok else math.inf)
+    return t + [math.inf] * int(summary.get("cancelled") or 0)
+
+
 def merge(reps):
     """One seed's repetitions of a config: the median of each figure (one run: itself)."""
     if len(reps) == 1:
         return reps[0]
     m = dict(reps[0])
+    m["_ttft"] = None if any(r.get("_ttft") is None for r in reps) else [x for r in reps for x in r["_ttft"]]
     for k in KEYS + SESSION_KEYS + ("cached", "p99_floor"):
         m[k] = median([r.get(k) for r in reps])
     m["reps"] = len(reps)
@@ -106,6 +127,31 @@ def medians(seeds):
     return m
 
 
+def pooled(seeds):
+    """Every seed's requests in one distribution, each seed weighing the same (a seed run k
+    times: each of its requests weighs 1/k): the TTFT percentiles (nearest rank by weight) and
+    the engines' cached ratio over all of them (None when a seed's requests file is missing)."""
+    if any(s.get("_ttft") is None for s in seeds.values()):
+        return None
+    t = sorted((x, 1.0 / s.get("reps", 1)) for s in seeds.values() for x in s["_ttft"])
+    if not t:
+        return None
+    total = sum(w for _, w in t)
+    m = {}
+    for k, q in zip(KEYS, (0.5, 0.9, 0.99)):
+        acc = 0.0
+        for x, w in t:
+            acc += w
+            if acc >= q * total - 1e-9:
+                m[k] = x
+                break
+    tok = [(s.get("engine_prompt_tokens") or 0, s.get("cached")) for s in seeds.values()]
+    den = sum(n for n, c in tok if c is not None)
+    m["cached"] = 100 * sum(n * c for n, c in tok if c is not None) / den if den else None
+    m["n"] = round(total)
+    return m
+
+
 def ms(v):
     if v is None:
         return "-"
@@ -127,6 +173,8 @@ def ratio(a, b):
 def fr(r):
     if r is None:
         return "-"
+    if r == 0.0:  # ratio(): smg's figure is ∞ (a failed or cancelled request), this one's not
+        return "0 (smg ∞)"
     return "∞" if r == math.inf else "%.2f" % r
 
 
@@ -217,6 +265,7 @@ def main(out):
         for line in lines:
             print(line)
         print()
+        pooled_view(work, configs)
 
     if cap:
         print("## Capacity cells")
@@ -297,6 +346,47 @@ def main(out):
         for b in sorted(BROKEN):
             print("- " + b)
         print()
+
+
+def pooled_view(work, configs):
+    """A second view, not the bar: every seed's requests pooled into one distribution per cell
+    and config. The bar's median over seeds of each seed's p99 is, in a cell of 40-120
+    requests a seed, the median of a few seeds' one or two slowest requests; pooled over the
+    seeds, p99 is the 1 % slowest of several hundred."""
+    rows = []
+    for cfg in configs:
+        if cfg == REF:
+            continue
+        passed = ahead = n = 0
+        for c, v in work.items():
+            if cfg not in v["runs"] or REF not in v["runs"]:
+                continue
+            a, b = pooled(v["runs"][cfg]), pooled(v["runs"][REF])
+            if a is None or b is None:
+                continue
+            r = {k: ratio(a[k], b[k]) for k in KEYS}
+            dc = None if a["cached"] is None or b["cached"] is None else a["cached"] - b["cached"]
+            ok = (r["p99"] is not None and r["p99"] <= 1 and r["p50"] is not None and r["p50"] <= 1.1
+                  and dc is not None and dc >= -1)
+            n += 1
+            passed += ok
+            ahead += r["p99"] is not None and r["p99"] <= 0.8
+            rows.append("| %s | %s | %d / %d | %s | %s | %s | %s | %s |" % (
+                c, cfg, a["n"], b["n"], fr(r["p50"]), fr(r["p90"]), fr(r["p99"]),
+                "-" if dc is None else "%+.1f" % dc, "ok" if ok else "**no**"))
+        if n:
+            rows.append("| **%s** | | | | | | | %d of %d ok; ≥ 20 %% ahead on p99 in %d |" % (cfg, passed, n, ahead))
+    if not rows:
+        return
+    print("## Pooled over the seeds (a second view, not the bar)")
+    print()
+    print("Each config's requests after the warm-up of every seed in one distribution (÷ %s's; cached: all the engines' hits ÷ prompt tokens). The bar above takes each seed's percentile and then the median over the seeds; in the cells with few requests a seed's p99 is its slowest request or two, and one seed's trajectory moves a median. `ok`: the bar's per-cell test on these figures." % REF)
+    print()
+    print("| cell | config | requests (it / smg, a seed run k times counted once) | p50 ÷ | p90 ÷ | p99 ÷ | cached − (points) | ok |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(row)
+    print()
 
 
 if __name__ == "__main__":
