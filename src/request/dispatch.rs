@@ -147,6 +147,10 @@ fn dispatch_legs(shared: &Shared, ctx: &mut Ctx, plan: &Plan) -> Result<Box<Http
                     }
                     l.service.index.insert(&plan.blocks, l.instance.key, now);
                     plan.runtime.cost.dispatched(l.instance.key, now);
+                    let prompt = plan.info.prompt_tokens_est;
+                    plan.runtime
+                        .cost
+                        .routed(prompt, prompt.saturating_sub(l.uncached_tokens));
                     super::cluster::dispatched(shared, plan, l);
                     l.instance
                         .bound_index(&l.service.index, plan.runtime.block_tokens);

@@ -51,8 +51,11 @@ impl Stage for LeastCachedStage {
         // Eligible: its own predicted TTFT plus that cost within the usual room (the best
         // TTFT × tolerance + slack) of the least such total. A short queue on an instance
         // whose live sessions keep coming back is no saving when they all wait behind the
-        // prompt; and the room stays the request's own, however large the harms are.
-        let total = |i: usize| cx.est.get(i).map_or(0.0, |e| e.ms + harm(i));
+        // prompt; and the room stays the request's own, however large the harms are. The
+        // followers' prefill (the next turns and sessions that will share what it places,
+        // at each instance's own rate) makes a slow engine dearer on a mixed fleet; on equal
+        // engines it is the same everywhere and decides nothing.
+        let total = |i: usize| cx.est.get(i).map_or(0.0, |e| e.ms + harm(i) + e.follow_ms);
         let none_fits = !(0..n).any(|i| cx.cands[i].kv_fits(prompt));
         let least_total = (0..n)
             .filter(|&i| none_fits || cx.cands[i].kv_fits(prompt))
@@ -82,7 +85,7 @@ impl Stage for LeastCachedStage {
         let start = (cx.req.turn % n as u64) as usize;
         if cx.req.explain {
             cx.notes.push(format!(
-                "least-cached: eligible if est + harm <= least + best est*{}+{}ms={limit:.0}ms (harm: arrivals x own x (max(queue, fleet mean queue) + own/2) x (1 + min(avg_wait, busy/(1 - busy)))), fewest cached blocks wins (tie: lower load)",
+                "least-cached: eligible if est + harm + follow <= least + best est*{}+{}ms={limit:.0}ms (harm: arrivals x own x (max(queue, fleet mean queue) + own/2) x (1 + min(avg_wait, busy/(1 - busy))); follow: followers x their new tokens / rate), fewest cached blocks wins (tie: lower load)",
                 t.tolerance, t.slack_ms,
             ));
         }

@@ -197,6 +197,84 @@ fn a_long_cold_prompt_goes_where_fewer_sessions_come_back_and_a_short_one_by_cac
 }
 
 #[test]
+fn on_mixed_engines_a_cold_prompt_counts_what_its_followers_prefill_there() {
+    use crate::cost::Observation;
+    let cost = Arc::new(CostModel::default()); // 8,000 tokens/s prior, 20 ms steps
+    let p = prefix_then_least_cached(&cost);
+    let mut cs = idle(2);
+    // Instance 0 prefills 8,000 tokens/s and has 300 ms queued; instance 1, an older GPU, is
+    // idle at half the rate and holds less: on the prompt's own TTFT both are within the
+    // room (820 vs 1,020 ms), and the emptier cache takes it.
+    for (c, ttft_ms) in cs.iter().zip([1020.0, 2020.0]) {
+        for _ in 0..3 {
+            let o = Observation {
+                queued_tokens: 0,
+                uncached_tokens: 8000,
+                ttft_ms,
+                tpot_ms: None,
+            };
+            cost.observe(c.key, &o);
+        }
+    }
+    cs[0].prefill_tokens = 2400;
+    cs[0].placed_blocks = 100;
+    cs[1].placed_blocks = 10;
+    let pick = || {
+        let r = RequestView {
+            blocks: &[7, 8, 9],
+            prompt_tokens: 4000,
+            block_tokens: 16,
+            now_ms: 60_000,
+            explain: true,
+            ..Default::default()
+        };
+        p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap()
+    };
+    let d = pick();
+    assert_eq!(
+        (d.idx, d.reason.as_ref()),
+        (1, "least-cached"),
+        "{}",
+        d.explain()
+    );
+    // Sessions: seven of every eight requests find their prefix and prefill 500 new tokens
+    // where it is. A placement's seven followers prefill 3.5k tokens: 438 ms on 0, 875 ms
+    // on 1, which takes 1 out of the room.
+    for i in 0..400 {
+        if i % 8 == 7 {
+            cost.routed(4000, 0);
+        } else {
+            cost.routed(4500, 4000);
+        }
+    }
+    let d = pick();
+    assert_eq!(
+        (d.idx, d.reason.as_ref()),
+        (0, "least-cached"),
+        "{}",
+        d.explain()
+    );
+    assert!(d.explain().contains("follow="), "{}", d.explain());
+    // Equal engines: the followers cost the same everywhere and the emptier cache decides.
+    let equal = Arc::new(CostModel::default());
+    for i in 0..400 {
+        equal.routed(4500, if i % 8 == 7 { 0 } else { 4000 });
+    }
+    let p = prefix_then_least_cached(&equal);
+    let r = RequestView {
+        blocks: &[7, 8, 9],
+        prompt_tokens: 4000,
+        block_tokens: 16,
+        now_ms: 60_000,
+        ..Default::default()
+    };
+    assert_eq!(
+        p.pick(&r, &cs, &mut StdRng::seed_from_u64(0)).unwrap().idx,
+        1
+    );
+}
+
+#[test]
 fn in_a_saturated_fleet_a_cold_prompt_skips_the_hot_home_whose_queue_is_short() {
     let cost = Arc::new(CostModel::default()); // 8,000 tokens/s, 20 ms steps
     let p = prefix_then_least_cached(&cost);
