@@ -136,6 +136,15 @@ impl Estimate {
 }
 
 impl Estimate {
+    /// What placing a prompt nobody holds here costs, ms: its own predicted TTFT
+    /// ([`Self::ms`]), what its prefill costs the requests arriving behind it
+    /// ([`Self::harm_ms`]) and what the requests that will share it prefill here
+    /// ([`Self::follow_ms`]). The least-cached layer and `predicted-ttft` weigh a cold prompt
+    /// by it.
+    pub fn cold_cost_ms(&self) -> f64 {
+        self.ms + self.harm_ms() + self.follow_ms
+    }
+
     /// What this request's own prefill costs the requests that arrive at the instance while
     /// the work it adds is still ahead of them, summed over them (ms): each waits `own`
     /// longer (those arriving during its own prefill `own / 2` on average) until the
@@ -327,6 +336,7 @@ impl CostModel {
             f.warm_uncached = if f.warm_uncached == 0.0 {
                 u
             } else {
+                // Only warm decisions move it, so it averages at 4 × the share's rate.
                 f.warm_uncached + (4.0 * a).min(1.0) * (u - f.warm_uncached)
             };
         }

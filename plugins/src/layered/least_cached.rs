@@ -4,6 +4,7 @@ use std::borrow::Cow;
 
 use super::ctx::{kv_check, CostTolerance, Hit, LayerCtx, Stage};
 use crate::candidate::Needs;
+use crate::cost::Estimate;
 use crate::decision::Layer;
 
 /// Layer 3 (optional): where a request goes when no instance is preferred for its session or
@@ -55,7 +56,7 @@ impl Stage for LeastCachedStage {
         // followers' prefill (the next turns and sessions that will share what it places,
         // at each instance's own rate) makes a slow engine dearer on a mixed fleet; on equal
         // engines it is the same everywhere and decides nothing.
-        let total = |i: usize| cx.est.get(i).map_or(0.0, |e| e.ms + harm(i) + e.follow_ms);
+        let total = |i: usize| cx.est.get(i).map_or(0.0, Estimate::cold_cost_ms);
         let none_fits = !(0..n).any(|i| cx.cands[i].kv_fits(prompt));
         let least_total = (0..n)
             .filter(|&i| none_fits || cx.cands[i].kv_fits(prompt))

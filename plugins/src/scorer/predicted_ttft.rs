@@ -185,13 +185,7 @@ impl Scorer for PredictedTtftScorer {
         if cold {
             self.model.arrivals(cands, req.now_ms, &mut est);
         }
-        let cost = |e: &Estimate| {
-            if cold {
-                e.ms + e.harm_ms() + e.follow_ms
-            } else {
-                e.ms
-            }
-        };
+        let cost = |e: &Estimate| if cold { e.cold_cost_ms() } else { e.ms };
         let best = est.iter().map(cost).fold(f64::INFINITY, f64::min);
         // As a filter the room has done its work; the score ranks the candidates left.
         let limit = if self.filter { best } else { self.limit(best) };
@@ -240,13 +234,7 @@ impl Scorer for PredictedTtftScorer {
         if cold && self.stay_or_move.is_none() {
             self.model.arrivals(cands, req.now_ms, &mut est);
         }
-        let cost = |e: &Estimate| {
-            if cold {
-                e.ms + e.harm_ms() + e.follow_ms
-            } else {
-                e.ms
-            }
-        };
+        let cost = |e: &Estimate| if cold { e.cold_cost_ms() } else { e.ms };
         let limit = if cold {
             let least = est
                 .iter()
