@@ -514,3 +514,36 @@ async fn an_engine_added_to_a_busy_fleet_takes_a_share_of_its_cached_prompts() {
     );
     gw.wait_idle().await;
 }
+
+/// The cost model's fleet figures on `/admin/instances` (`cost_model`): a system prompt sent
+/// twenty times in a row is one cold placement followed by nineteen requests routed to the
+/// cache that holds it, so the least-cached layer prices a cold placement for 19 followers
+/// (the share 0.95, its cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_shows_how_many_requests_follow_a_cold_placement() {
+    let fleet = sim_fleet(2, engine_sim::SimConfig::default()).await;
+    let gw = GatewayProc::start(&format!(
+        "services:\n  - name: m\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    let f = gw.instances().await["cost_model"].clone();
+    assert_eq!(f["decisions"], 0, "{f}");
+    assert_eq!(f["followers"], 0.0, "{f}");
+    let system = words("tools", 400);
+    for i in 0..20 {
+        let r = post(
+            &c,
+            &gw,
+            &chat(&system, &format!("question {i}"), 2, true),
+            &[],
+        )
+        .await;
+        r.bytes().await.unwrap();
+    }
+    let f = gw.wait_idle().await["cost_model"].clone();
+    assert_eq!(f["decisions"], 20, "{f}");
+    assert_eq!(f["warm_share"], 0.95, "{f}");
+    assert_eq!(f["followers"], 19.0, "{f}");
+    assert!(f["warm_uncached_tokens"].as_f64().unwrap() > 0.0, "{f}");
+}

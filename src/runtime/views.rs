@@ -23,6 +23,26 @@ pub struct InstancesView {
     pub schedulers: Vec<SchedulerView>,
     pub prefix_indexes: Vec<IndexView>,
     pub throttles: Vec<ThrottleView>,
+    /// What the cost model learned of the whole fleet.
+    #[serde(default)]
+    pub cost_model: FleetCostView,
+}
+
+/// The cost model's fleet-wide figures ([`tokengate_plugins::Follow`]): how many requests
+/// follow a cold prompt's placement (a session's next turns, the tenant's next sessions),
+/// which the least-cached layer and `predicted-ttft` price at each instance's rate.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct FleetCostView {
+    /// Routing decisions learned from.
+    pub decisions: u64,
+    /// The share of recent decisions that sent a request where at least half of its prompt
+    /// was cached.
+    pub warm_share: f64,
+    /// Their mean uncached tokens.
+    pub warm_uncached_tokens: f64,
+    /// Requests following a cold placement: `warm_share / (1 − warm_share)` (capped), 0 for
+    /// the first 16 decisions.
+    pub followers: f64,
 }
 
 /// One instance: its load (and the other replicas' here), cache, slots, health, engine
@@ -180,6 +200,17 @@ pub struct ModelEntry {
     pub owned_by: String,
 }
 
+fn fleet_cost(c: &CostModel) -> FleetCostView {
+    let f = c.follow();
+    let r2 = |x: f64| (x * 100.0).round() / 100.0;
+    FleetCostView {
+        decisions: f.decisions,
+        warm_share: r2(f.warm_share),
+        warm_uncached_tokens: f.warm_uncached.round(),
+        followers: r2(f.followers()),
+    }
+}
+
 fn learned(c: &CostModel, k: InstanceKey) -> LearnedView {
     let l = c.learned(k);
     LearnedView {
@@ -241,6 +272,7 @@ impl Runtime {
             schedulers: self.scheduler_views(),
             prefix_indexes: self.index_views(),
             throttles: self.throttle_views(),
+            cost_model: fleet_cost(&self.cost),
         }
     }
 
