@@ -177,9 +177,10 @@ async fn throttling_refusals_carry_the_model_and_leaving_clients_their_own_outco
     assert_eq!(r.headers()["retry-after"], "7");
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "queue_timeout", "{v}");
-    // A client that hangs up while queued.
+    // A client that hangs up while queued. Its departure must be seen (the access line)
+    // before the next client comes, or that one finds the queue still full.
     let short = reqwest::Client::builder()
-        .timeout(Duration::from_millis(100))
+        .timeout(Duration::from_millis(500))
         .build()
         .unwrap();
     assert!(short
@@ -188,6 +189,12 @@ async fn throttling_refusals_carry_the_model_and_leaving_clients_their_own_outco
         .send()
         .await
         .is_err());
+    eventually("the leaving client's access line", || async {
+        gw.log_text()
+            .lines()
+            .any(|l| l.contains("model=m") && l.contains("status=0 outcome=left_queue"))
+    })
+    .await;
     // The queue full: 429 at once.
     let waiter = {
         let c = c.clone();
@@ -224,12 +231,6 @@ async fn throttling_refusals_carry_the_model_and_leaving_clients_their_own_outco
         !metrics.contains("model=\"-\""),
         "a throttled request without its model: {metrics}"
     );
-    eventually("the leaving client's access line", || async {
-        gw.log_text()
-            .lines()
-            .any(|l| l.contains("model=m") && l.contains("status=0 outcome=left_queue"))
-    })
-    .await;
 }
 
 /// An HTTP/1.0 client has no chunked encoding: a stream reaches it close-delimited, even
