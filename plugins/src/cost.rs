@@ -199,8 +199,9 @@ const RHO_ALPHA: f64 = 1.0 / 32.0;
 
 impl Estimate {
     /// `est=412ms(q=300+own=100+dec=12 @9.5k/s)`
-    /// (`… busy=0.88 avg_wait=1.2 arrivals=2.1/s)` when the utilization was sampled:
-    /// [`Self::rho`], [`Self::waiting`], [`Self::lambda`].)
+    /// (`… busy=0.88 avg_wait=1.2 arrivals=2.1/s harm=96ms follow=40ms)` when the utilization
+    /// was sampled: [`Self::rho`], [`Self::waiting`], [`Self::lambda`], [`Self::harm_ms`] (what
+    /// the least-cached layer and `predicted-ttft` add for a cold prompt), [`Self::follow_ms`].)
     pub fn describe(&self, out: &mut String) {
         let _ = write!(
             out,
@@ -219,6 +220,10 @@ impl Estimate {
         }
         if self.lambda > 0.0 {
             let _ = write!(out, " arrivals={:.1}/s", self.lambda);
+        }
+        let harm = self.harm_ms();
+        if harm > 0.0 {
+            let _ = write!(out, " harm={harm:.0}ms");
         }
         if self.follow_ms > 0.0 {
             let _ = write!(out, " follow={:.0}ms", self.follow_ms);

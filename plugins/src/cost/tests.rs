@@ -231,6 +231,10 @@ fn arrivals_decay_and_a_prefills_harm_is_quadratic_in_its_length() {
     let mut e = est(&m, &req(1000), &[q]);
     m.arrivals(&[q], 50_000, &mut e);
     assert!((e[0].harm_ms() - 1500.0).abs() < 1e-6, "{:?}", e[0]);
+    // The explanation says it (the term that decides a cold placement).
+    let mut said = String::new();
+    e[0].describe(&mut said);
+    assert!(said.contains(" harm=1500ms"), "{said}");
 }
 
 /// Two instances the gateway sent requests to in the 10 s before 50 s, `fast` every
