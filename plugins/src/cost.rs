@@ -110,7 +110,8 @@ pub struct Estimate {
     pub rho: f64,
     /// Requests the gateway dispatched to the instance per second, lately (decayed over
     /// [`ARRIVAL_TAU_MS`]; 0 until [`CostModel::utilization`]): the rate at which its live
-    /// sessions come back.
+    /// sessions come back. The fleet's total is shared out by the requests in flight where
+    /// that counts more (sessions placed a moment ago; see [`CostModel::arrivals`]).
     pub lambda: f64,
     /// The fleet's shared backlog: the mean queued prefill over the candidates, ms (0 until
     /// [`CostModel::arrivals`]). See [`Self::harm_ms`].
@@ -519,7 +520,9 @@ impl CostModel {
     /// [`Self::dispatched`]) to `out[i].lambda`, its utilization and mean count waiting as
     /// last sampled to `out[i].rho` and `out[i].waiting`, and the fleet's mean queue over
     /// `cands` to `out[i].pool_queue_ms` ([`Estimate::harm_ms`]). Call after
-    /// [`CostModel::estimate_all`].
+    /// [`CostModel::estimate_all`]. The rates' total is the decayed count's; each instance
+    /// gets at least its requests in flight times the fleet's turnover (total ÷ requests in
+    /// flight), the others proportionally less ([`share_by_inflight`]).
     pub fn arrivals(&self, cands: &[Candidate], now_ms: u64, out: &mut [Estimate]) {
         let n = out.len().min(cands.len()).max(1) as f64;
         let pool_queue_ms = out.iter().map(|e| e.queue_ms).sum::<f64>() / n;
@@ -532,6 +535,8 @@ impl CostModel {
                 decay(*n, *at, now_ms) * 1000.0 / ARRIVAL_TAU_MS
             });
         }
+        drop((busy, a));
+        share_by_inflight(cands, out);
     }
 
     /// Every instance's learned figures (for `/admin`).
@@ -539,6 +544,37 @@ impl CostModel {
         let mut v: Vec<_> = self.learned.read().iter().map(|(k, l)| (*k, *l)).collect();
         v.sort_by_key(|(k, _)| k.0);
         v
+    }
+}
+
+/// Shares the candidates' total arrival rate ([`Estimate::lambda`]) out by where their
+/// sessions are now. The decayed count learns a placement slowly: sessions placed a moment
+/// ago count 0.1/s each although they come back as soon as they are answered (matrix run
+/// 15's debug seed, `few-12k-agents-half-high` seed 6: a new tenant's first turns on e4
+/// counted 0.1/s, a cold 14k prompt was placed behind them as the least harm, and their next
+/// turns waited 2.3 s; with this share e4 counts 0.4/s, its neighbour 0.8/s).
+/// A request in flight is a session that will come back, and the fleet turns its requests
+/// in flight over at `Σλ / Σ in flight` per second (Little's law), so each instance counts
+/// at least its own in flight at that rate; the rates are then scaled back to the decayed
+/// total, which the fleet-wide count measures well: only where the rate is moves, not how
+/// much there is (matrix run 17; unscaled, the nine-seed bar held in 9 cells, not 11).
+fn share_by_inflight(cands: &[Candidate], out: &mut [Estimate]) {
+    let (mut inflight, mut total) = (0u64, 0.0);
+    for (e, c) in out.iter().zip(cands) {
+        inflight += c.inflight_requests;
+        total += e.lambda;
+    }
+    if inflight == 0 || total <= 0.0 {
+        return;
+    }
+    let per = total / inflight as f64;
+    let mut raised = 0.0;
+    for (e, c) in out.iter_mut().zip(cands) {
+        e.lambda = e.lambda.max(c.inflight_requests as f64 * per);
+        raised += e.lambda;
+    }
+    for e in out.iter_mut() {
+        e.lambda *= total / raised;
     }
 }
 
