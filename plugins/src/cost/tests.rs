@@ -241,10 +241,8 @@ fn arrivals_decay_and_a_prefills_harm_is_quadratic_in_its_length() {
 fn sessions_placed_a_moment_ago_count_by_their_requests_in_flight() {
     let m = model(1000.0, 0.0);
     let (mut home, mut new) = (cand(1, 0), cand(2, 0));
-    // `home`'s sessions have come back all along (1 per second over the last 10 s, one of
-    // them in flight now); `new` was given a tenant's first turns a moment ago: two
-    // dispatches, four requests in flight (two more reached it through the engine's queue
-    // before this decision's count).
+    // `home`'s sessions have come back all along (1 per second over the last 10 s); `new`
+    // was given a tenant's first two turns a moment ago.
     for t in 0..10 {
         m.dispatched(home.key, 40_500 + t * 1000);
     }
@@ -259,11 +257,10 @@ fn sessions_placed_a_moment_ago_count_by_their_requests_in_flight() {
     let (h0, n0, hh0, nh0) = lambdas(home, new);
     assert!(n0 < 0.21 && h0 > 0.6, "{h0} {n0}");
     assert!(nh0 < hh0 / 3.0, "{hh0} {nh0}");
-    // Its requests in flight say its sessions come back as often as `home`'s: the fleet's
-    // 0.83/s turns 5 requests over at 0.17/s each, so `new` counts at least 4 × that, and
-    // the total stays the decayed count's (each ~0.41/s).
-    home.inflight_requests = 1;
-    new.inflight_requests = 4;
+    // Those two are in flight (`home`'s sessions are between turns): the fleet's 0.83/s
+    // turns its 2 requests in flight over at 0.42/s each, so `new` counts at least 2 × that
+    // before the rates are scaled back to the decayed total (`home` 0.36/s, `new` 0.47/s).
+    new.inflight_requests = 2;
     let (h1, n1, hh1, nh1) = lambdas(home, new);
     assert!(
         ((h1 + n1) - (h0 + n0)).abs() < 1e-9,
@@ -271,7 +268,7 @@ fn sessions_placed_a_moment_ago_count_by_their_requests_in_flight() {
     );
     assert!(n1 > h1 && n1 > 2.0 * n0, "{h1} {n1}");
     assert!(nh1 > 2.0 * nh0 && hh1 < hh0, "{hh0}/{nh0} → {hh1}/{nh1}");
-    // Everything in flight on `home`: the rate moves there, the total stays.
+    // Everything in flight on `home` instead: the rate moves there, the total stays.
     home.inflight_requests = 4;
     new.inflight_requests = 0;
     let (h2, n2, _, _) = lambdas(home, new);
