@@ -48,6 +48,8 @@ SYSTEM = {"1k": (768, 1280), "4k": (3072, 5120), "12k": (10240, 14336)}
 THINK = {  # simulated seconds, turns, user tokens
     "agents": {"think": (0.1, 0.1), "turns": (2, 12), "user": (128, 640)},
     "people": {"think": (1.0, 5.0), "turns": (3, 10), "user": (64, 512)},
+    # people who read the answer before they type (check cells only, below)
+    "readers": {"think": (8.0, 40.0), "turns": (3, 10), "user": (64, 512)},
 }
 OUTPUT = (32, 128)
 CACHE = {"fifth": 0.2, "half": 0.5, "all": 1.0}
@@ -89,7 +91,14 @@ CAPACITY = {
     "cap-add": ("few", "4k", "agents", 1.0, 0.1, "half", "busy", "4eq", "serial"),
     "cap-crash": ("few", "4k", "agents", 1.0, 0.1, "half", "busy", "4eq", "serial"),
 }
-ALL = {**CELLS, **CAPACITY}
+# Check cells: workloads outside the twelve, not used to choose defaults, run by name (CELLS=…)
+# to see whether a change made on the twelve holds elsewhere. `readers`' turns come 2–10 s
+# apart (real), longer than a turn takes, which the twelve's think times (≤ 1.25 s) never are;
+# run them with DURATION=30 DRAIN=20 so that sessions send several turns.
+CHECKS = {
+    "many-4k-readers-half-high": ("many", "4k", "readers", 0.5, 0.1, "half", "high", "4eq", "serial"),
+}
+ALL = {**CELLS, **CAPACITY, **CHECKS}
 # The issue's axis names, for the page.
 AXES = ("tenants", "system", "think", "header", "one-shot", "cache", "load", "engines", "prefill")
 
