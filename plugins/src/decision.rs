@@ -89,6 +89,11 @@ pub struct PolicyTrace {
     pub idxs: Vec<usize>,
     /// How many candidates shared the top total (1 = no tie).
     pub tied: usize,
+    /// The `predicted-ttft` plugin's estimates of every candidate before any filter (`idx`,
+    /// estimate), when the decision is explained; `cold`: the prompt is held nowhere, so they
+    /// are compared with their harm and follow (see [`crate::cost::Estimate::cold_cost_ms`]).
+    pub estimates: Vec<(usize, crate::cost::Estimate)>,
+    pub cold: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -213,6 +218,20 @@ impl Decision {
                     );
                     for (j, nm) in t.names.iter().enumerate() {
                         let _ = write!(s, ",{nm}={:.3}", t.norm[j * n + i]);
+                    }
+                }
+                if !t.estimates.is_empty() {
+                    s.push_str(if t.cold {
+                        " | ttft (cold prompt: est + harm + follow):"
+                    } else {
+                        " | ttft:"
+                    });
+                    for (idx, e) in &t.estimates {
+                        let _ = write!(s, " {}:", name(*idx));
+                        e.describe(&mut s);
+                        if t.cold {
+                            let _ = write!(s, "={:.0}ms", e.cold_cost_ms());
+                        }
                     }
                 }
             }

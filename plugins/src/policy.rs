@@ -127,7 +127,8 @@ impl Picker for WeightedSum {
             return None;
         }
         if !self.plugins.iter().any(|w| w.scorer.filters()) {
-            return self.sum(req, cands, rng);
+            let d = self.sum(req, cands, rng)?;
+            return Some(self.with_estimates(d, req, cands));
         }
         let mut dropped = Vec::new();
         let mut keep = vec![true; cands.len()];
@@ -149,7 +150,8 @@ impl Picker for WeightedSum {
             }
         }
         if dropped.is_empty() {
-            return self.sum(req, cands, rng);
+            let d = self.sum(req, cands, rng)?;
+            return Some(self.with_estimates(d, req, cands));
         }
         let (pos, kept): (Vec<usize>, Vec<Candidate>) = cands
             .iter()
@@ -177,7 +179,7 @@ impl Picker for WeightedSum {
         reason.push(')');
         d.reason = Cow::Owned(reason);
         d.dropped = dropped;
-        Some(d)
+        Some(self.with_estimates(d, req, cands))
     }
 
     /// The request was sent to `chosen` (binds the session, …).
@@ -195,6 +197,31 @@ impl Picker for WeightedSum {
 }
 
 impl WeightedSum {
+    /// An explained decision carries the predicted-TTFT plugin's estimates of every candidate,
+    /// the filtered ones too (why a cold prompt went where it went).
+    fn with_estimates(
+        &self,
+        mut d: Decision,
+        req: &RequestView<'_>,
+        cands: &[Candidate],
+    ) -> Decision {
+        if !req.explain {
+            return d;
+        }
+        let Some((cold, est)) = self
+            .plugins
+            .iter()
+            .find_map(|w| w.scorer.estimates(req, cands))
+        else {
+            return d;
+        };
+        if let Trace::Policy(t) = &mut d.trace {
+            t.cold = cold;
+            t.estimates = cands.iter().map(|c| c.idx).zip(est).collect();
+        }
+        d
+    }
+
     /// The weighted sum over `cands` (not empty).
     fn sum(
         &self,
@@ -271,6 +298,8 @@ impl WeightedSum {
                 totals,
                 idxs: cands.iter().map(|c| c.idx).collect(),
                 tied: tied.len(),
+                estimates: Vec::new(),
+                cold: false,
             }),
             dropped: Vec::new(),
         })
@@ -541,6 +570,21 @@ mod tests {
             Trace::Policy(t) => assert_eq!(t.idxs, vec![0, 1], "only the kept are scored"),
             _ => unreachable!(),
         }
+        // Explained, the estimates of every candidate are shown, the filtered one too (a
+        // prompt held nowhere: with its harm and follow, 0 here, nothing having been routed).
+        let explained = RequestView {
+            explain: true,
+            ..req
+        };
+        let e = p.pick(&explained, &cs, &mut rng).unwrap().explain();
+        assert!(
+            e.contains(" | ttft (cold prompt: est + harm + follow): #0:est=20ms("),
+            "{e}"
+        );
+        assert!(
+            e.contains(" #2:est=510ms(q=490+own=10+dec=10 @1.0k/s)=510ms"),
+            "{e}"
+        );
         // The pipeline's own filters come first in the list; both are named.
         let tried = [cs[0].key];
         let r = RequestView {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::candidate::{Candidate, Needs, RequestView};
-use crate::cost::CostModel;
+use crate::cost::{CostModel, Estimate};
 use crate::pipeline::Completion;
 use crate::session::SessionTable;
 
@@ -30,6 +30,15 @@ pub trait Scorer: Send + Sync {
     fn on_dispatch(&self, _req: &RequestView<'_>, _chosen: &Candidate) {}
     /// The request to `chosen` finished.
     fn on_complete(&self, _req: &RequestView<'_>, _chosen: &Candidate, _done: &Completion) {}
+    /// For an explained decision: the predicted TTFT of every candidate and whether the
+    /// prompt is cold (held nowhere), from a plugin that estimates them.
+    fn estimates(
+        &self,
+        _req: &RequestView<'_>,
+        _cands: &[Candidate],
+    ) -> Option<(bool, Vec<Estimate>)> {
+        None
+    }
 }
 
 /// What a plugin entry becomes in the policy pipeline.

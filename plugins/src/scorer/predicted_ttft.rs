@@ -207,6 +207,15 @@ impl Scorer for PredictedTtftScorer {
         self.filter
     }
 
+    fn estimates(&self, req: &RequestView<'_>, cands: &[Candidate]) -> Option<(bool, Vec<Estimate>)> {
+        let mut est = vec![Estimate::default(); cands.len()];
+        self.model.estimate_all(req, cands, &mut est);
+        let cold = cands.iter().all(|c| req.matched(c) == 0);
+        // The utilization as last sampled (reading it does not sample it again).
+        self.model.arrivals(cands, req.now_ms, &mut est);
+        Some((cold, est))
+    }
+
     fn filter(&self, req: &RequestView<'_>, cands: &[Candidate], keep: &mut [bool]) {
         if !self.filter {
             return;
