@@ -123,12 +123,38 @@ impl Picker for WeightedSum {
         cands: &[Candidate],
         rng: &mut dyn RngCore,
     ) -> Option<Decision> {
+        let d = self.filter_and_sum(req, cands, rng)?;
+        Some(self.with_estimates(d, req, cands))
+    }
+
+    /// The request was sent to `chosen` (binds the session, …).
+    fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
+        for w in &self.plugins {
+            w.scorer.on_dispatch(req, chosen);
+        }
+    }
+
+    fn on_complete(&self, req: &RequestView<'_>, chosen: &Candidate, done: &Completion) {
+        for w in &self.plugins {
+            w.scorer.on_complete(req, chosen, done);
+        }
+    }
+}
+
+impl WeightedSum {
+    /// [`Picker::pick`] without the explanation's estimates: the filters, then the sum over
+    /// the candidates they left.
+    fn filter_and_sum(
+        &self,
+        req: &RequestView<'_>,
+        cands: &[Candidate],
+        rng: &mut dyn RngCore,
+    ) -> Option<Decision> {
         if cands.is_empty() {
             return None;
         }
         if !self.plugins.iter().any(|w| w.scorer.filters()) {
-            let d = self.sum(req, cands, rng)?;
-            return Some(self.with_estimates(d, req, cands));
+            return self.sum(req, cands, rng);
         }
         let mut dropped = Vec::new();
         let mut keep = vec![true; cands.len()];
@@ -150,8 +176,7 @@ impl Picker for WeightedSum {
             }
         }
         if dropped.is_empty() {
-            let d = self.sum(req, cands, rng)?;
-            return Some(self.with_estimates(d, req, cands));
+            return self.sum(req, cands, rng);
         }
         let (pos, kept): (Vec<usize>, Vec<Candidate>) = cands
             .iter()
@@ -179,24 +204,9 @@ impl Picker for WeightedSum {
         reason.push(')');
         d.reason = Cow::Owned(reason);
         d.dropped = dropped;
-        Some(self.with_estimates(d, req, cands))
+        Some(d)
     }
 
-    /// The request was sent to `chosen` (binds the session, …).
-    fn on_dispatch(&self, req: &RequestView<'_>, chosen: &Candidate) {
-        for w in &self.plugins {
-            w.scorer.on_dispatch(req, chosen);
-        }
-    }
-
-    fn on_complete(&self, req: &RequestView<'_>, chosen: &Candidate, done: &Completion) {
-        for w in &self.plugins {
-            w.scorer.on_complete(req, chosen, done);
-        }
-    }
-}
-
-impl WeightedSum {
     /// An explained decision carries the predicted-TTFT plugin's estimates of every candidate,
     /// the filtered ones too (why a cold prompt went where it went).
     fn with_estimates(

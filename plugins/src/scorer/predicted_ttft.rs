@@ -168,6 +168,12 @@ impl PredictedTtftScorer {
     }
 }
 
+/// A prompt no candidate holds any of (placed for the first time): its cost counts what its
+/// prefill does to the requests behind it ([`Estimate::cold_cost_ms`]).
+fn is_cold(req: &RequestView<'_>, cands: &[Candidate]) -> bool {
+    cands.iter().all(|c| req.matched(c) == 0)
+}
+
 impl Scorer for PredictedTtftScorer {
     fn name(&self) -> &'static str {
         "ttft"
@@ -181,7 +187,7 @@ impl Scorer for PredictedTtftScorer {
         // A prompt no candidate holds any of (a cold one, placed for the first time) also
         // counts what its prefill costs the requests arriving behind it there
         // ([`Estimate::harm_ms`]), as the layered mode's least-cached layer does.
-        let cold = cands.iter().all(|c| req.matched(c) == 0);
+        let cold = is_cold(req, cands);
         if cold {
             self.model.arrivals(cands, req.now_ms, &mut est);
         }
@@ -210,7 +216,7 @@ impl Scorer for PredictedTtftScorer {
     fn estimates(&self, req: &RequestView<'_>, cands: &[Candidate]) -> Option<(bool, Vec<Estimate>)> {
         let mut est = vec![Estimate::default(); cands.len()];
         self.model.estimate_all(req, cands, &mut est);
-        let cold = cands.iter().all(|c| req.matched(c) == 0);
+        let cold = is_cold(req, cands);
         // The utilization as last sampled (reading it does not sample it again).
         self.model.arrivals(cands, req.now_ms, &mut est);
         Some((cold, est))
@@ -239,7 +245,7 @@ impl Scorer for PredictedTtftScorer {
         // the others: matrix run 11, seeds 1–3, the policy mode's p50 in
         // `many-12k-people-half-high-8eq` 1.25 → 1.03 × smg's and in the overloaded cells
         // 1.16 → 0.99 and 1.79 → 0.99.)
-        let cold = cands.iter().all(|c| req.matched(c) == 0);
+        let cold = is_cold(req, cands);
         if cold && self.stay_or_move.is_none() {
             self.model.arrivals(cands, req.now_ms, &mut est);
         }
