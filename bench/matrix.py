@@ -93,10 +93,18 @@ CAPACITY = {
 }
 # Check cells: workloads outside the twelve, not used to choose defaults, run by name (CELLS=…)
 # to see whether a change made on the twelve holds elsewhere. `readers`' turns come 2–10 s
-# apart (real), longer than a turn takes, which the twelve's think times (≤ 1.25 s) never are;
-# run them with DURATION=30 DRAIN=20 so that sessions send several turns.
+# apart (real), longer than a turn takes, which the twelve's think times (≤ 1.25 s) never are.
+# Run them with DURATION=30 DRAIN=20: readers' sessions then send several turns, and the
+# moderate cell has 270-470 requests per seed after the warm-up instead of 66-112 (the 12k mixed and
+# the overload check cells take 30-s arrivals and a 40-s drain anyway, like the overload cells).
 CHECKS = {
     "many-4k-readers-half-high": ("many", "4k", "readers", 0.5, 0.1, "half", "high", "4eq", "serial"),
+    # long prompts on engines of two generations (the twelve mix engines with 4k prompts only)
+    "few-12k-people-half-high-mixed-chunked": ("few", "12k", "people", 0.5, 0.1, "half", "high", "4mixed", "chunked"),
+    # agents in overload with caches that hold every prompt: only the queues decide
+    "few-4k-agents-all-overload": ("few", "4k", "agents", 1.0, 0.1, "all", "overload", "4eq", "serial"),
+    # short prompts, tiny caches, moderate load, mixed engines
+    "many-1k-agents-fifth-moderate-mixed": ("many", "1k", "agents", 1.0, 0.25, "fifth", "moderate", "4mixed", "serial"),
 }
 ALL = {**CELLS, **CAPACITY, **CHECKS}
 # The issue's axis names, for the page.
