@@ -92,6 +92,30 @@ pub struct Observation {
     pub tpot_ms: Option<f64>,
 }
 
+/// Where an estimate's prefill rate comes from ([`Estimate::tps_from`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RateFrom {
+    /// The instance's own samples (requests with nothing queued ahead of them).
+    #[default]
+    Own,
+    /// The mean of the instances that have their own: this one has too few samples — a new
+    /// instance, or one that never found its queue empty (a saturated engine teaches no
+    /// rate), which on engines of mixed speed may be far from its own.
+    Fleet,
+    /// `prior_prefill_tps`: no instance has its own yet.
+    Prior,
+}
+impl RateFrom {
+    /// The explanation's suffix after the rate (`@1.1k/s fleet`).
+    fn suffix(self) -> &'static str {
+        match self {
+            RateFrom::Own => "",
+            RateFrom::Fleet => " fleet",
+            RateFrom::Prior => " prior",
+        }
+    }
+}
+
 /// One candidate's estimate and its parts (for the explanation).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Estimate {
@@ -105,6 +129,9 @@ pub struct Estimate {
     pub decode_ms: f64,
     /// The prefill rate used, tokens/s.
     pub tps: f64,
+    /// Where [`Self::tps`] comes from: the instance's own samples, or, before it has
+    /// `min_samples` of them, the fleet's mean or the prior (the explanation says which).
+    pub tps_from: RateFrom,
     /// The instance's prefill utilization: the share of recent routing decisions that found
     /// requests waiting for their first token there (0 until [`CostModel::utilization`]).
     pub rho: f64,
@@ -206,12 +233,13 @@ impl Estimate {
     pub fn describe(&self, out: &mut String) {
         let _ = write!(
             out,
-            "est={:.0}ms(q={:.0}+own={:.0}+dec={:.0} @{:.1}k/s",
+            "est={:.0}ms(q={:.0}+own={:.0}+dec={:.0} @{:.1}k/s{}",
             self.ms,
             self.queue_ms,
             self.own_ms,
             self.decode_ms,
-            self.tps / 1000.0
+            self.tps / 1000.0,
+            self.tps_from.suffix()
         );
         if self.rho > 0.0 {
             let _ = write!(out, " busy={:.2}", self.rho);
@@ -436,10 +464,10 @@ impl CostModel {
                 n += 1;
             }
         }
-        let fleet_tps = if n > 0 {
-            sum / f64::from(n)
+        let (fleet_tps, fleet_from) = if n > 0 {
+            (sum / f64::from(n), RateFrom::Fleet)
         } else {
-            cfg.prior_prefill_tps
+            (cfg.prior_prefill_tps, RateFrom::Prior)
         };
         // The size of a request someone else queued: the mean this model saw, else this one's.
         let mean_uncached = match self.mean_uncached_milli.load(Relaxed) as f64 / 1000.0 {
@@ -450,12 +478,12 @@ impl CostModel {
         let follow_tokens = follow.followers() * follow.warm_uncached;
         for (e, c) in out.iter_mut().zip(cands) {
             let l = map.get(&c.key).copied().unwrap_or_default();
-            let tps = if l.prefill_samples >= cfg.min_samples {
-                l.prefill_tps
+            let (tps, tps_from) = if l.prefill_samples >= cfg.min_samples {
+                (l.prefill_tps, RateFrom::Own)
             } else {
-                fleet_tps
-            }
-            .max(1.0);
+                (fleet_tps, fleet_from)
+            };
+            let tps = tps.max(1.0);
             let step = if l.step_samples > 0 {
                 l.step_ms
             } else {
@@ -474,6 +502,7 @@ impl CostModel {
                 own_ms,
                 decode_ms: step,
                 tps,
+                tps_from,
                 rho: 0.0,
                 lambda: 0.0,
                 pool_queue_ms: 0.0,

@@ -592,7 +592,7 @@ mod tests {
             "{e}"
         );
         assert!(
-            e.contains(" #2:est=510ms(q=490+own=10+dec=10 @1.0k/s)=510ms"),
+            e.contains(" #2:est=510ms(q=490+own=10+dec=10 @1.0k/s prior)=510ms"),
             "{e}"
         );
         // The pipeline's own filters come first in the list; both are named.

@@ -164,6 +164,24 @@ fn rates_are_learned_per_instance_and_new_instances_get_the_fleets() {
     let e = est(&m, &req(1000), &[cand(1, 0), cand(2, 0)]);
     assert!((e[0].ms - e[1].ms).abs() < 1.0, "{e:?}");
     assert!((e[1].tps - 1000.0).abs() < 1.0);
+    // The explanation says whose rate each one is: instance 2's is borrowed (a saturated
+    // engine that never found its queue empty shows the same — on a mixed fleet the reader
+    // must not take it for its own).
+    assert_eq!(
+        (e[0].tps_from, e[1].tps_from),
+        (RateFrom::Own, RateFrom::Fleet)
+    );
+    let said = |e: &Estimate| {
+        let mut s = String::new();
+        e.describe(&mut s);
+        s
+    };
+    assert!(said(&e[0]).contains("@1.0k/s)"), "{}", said(&e[0]));
+    assert!(said(&e[1]).contains("@1.0k/s fleet)"), "{}", said(&e[1]));
+    // Before any instance has its own, every one runs on the prior and says so.
+    let fresh = model(8000.0, 10.0);
+    let e = est(&fresh, &req(1000), &[cand(1, 0)]);
+    assert!(said(&e[0]).contains("@8.0k/s prior)"), "{}", said(&e[0]));
 }
 
 #[test]

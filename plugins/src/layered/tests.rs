@@ -1136,7 +1136,7 @@ fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_fre
     let e = d.explain();
     assert!(e.contains("wait=17,match=64(1.00),est=100ms"), "{e}");
     assert!(
-        e.contains("@1.0k/s busy=0.09 avg_wait=0.7),ineligible #1:"),
+        e.contains("@1.0k/s prior busy=0.09 avg_wait=0.7),ineligible #1:"),
         "{e}"
     );
 }
