@@ -796,3 +796,44 @@ async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_
     assert_eq!(held, None);
     assert_eq!(held_now, 0.0);
 }
+
+/// The debug line names whose prefill rate each estimate uses: the prior before anything is
+/// learned, an instance's own once it has answered a few prefills with nothing queued ahead,
+/// the fleet's mean for an instance still short of samples (never the prior again once one
+/// instance has its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debug_line_says_whose_prefill_rate_each_estimate_uses() {
+    let fleet = pair(engine_sim::SimConfig {
+        prefill_tps: 20_000.0,
+        ..Default::default()
+    })
+    .await;
+    let gw = GatewayProc::start_with_env(
+        &format!("services:\n  - name: m\n{}", sim_instances(&fleet)),
+        &[("RUST_LOG", "info,tokengate=debug")],
+    );
+    let c = reqwest::Client::new();
+    let url = gw.url("/v1/chat/completions");
+    // One at a time, each a cold prompt of a few hundred tokens (real prefill work, nothing
+    // queued ahead): after seven, one of the two instances has answered at least four.
+    for i in 0..8 {
+        let body = chat(&words(&format!("t{i}x"), 200), "hello", 2, true);
+        let r = c.post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    let log = gw.log_text();
+    let routes: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("dispatch] route "))
+        .collect();
+    assert_eq!(routes.len(), 8, "{log}");
+    // The first decision: nothing learned, every estimate on the prior (8k tokens/s).
+    assert!(routes[0].contains("@8.0k/s prior"), "{}", routes[0]);
+    // The last: at least one instance has its own rate, so nobody runs on the prior.
+    let last = routes[7];
+    assert!(
+        last.contains("k/s") && !last.contains("k/s prior"),
+        "{last}"
+    );
+}
