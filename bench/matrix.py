@@ -95,8 +95,9 @@ CAPACITY = {
 # to see whether a change made on the twelve holds elsewhere. `readers`' turns come 2–10 s
 # apart (real), longer than a turn takes, which the twelve's think times (≤ 1.25 s) never are.
 # Run them with DURATION=30 DRAIN=20: readers' sessions then send several turns, and the
-# moderate cell has 270-470 requests per seed after the warm-up instead of 66-112 (the 12k mixed and
-# the overload check cells take 30-s arrivals and a 40-s drain anyway, like the overload cells).
+# moderate cell has 270-470 requests per seed after the warm-up instead of 66-112 (the 12k
+# mixed and the overload check cells take 30-s arrivals and a 40-s drain anyway, like the
+# overload cells).
 CHECKS = {
     "many-4k-readers-half-high": ("many", "4k", "readers", 0.5, 0.1, "half", "high", "4eq", "serial"),
     # long prompts on engines of two generations (the twelve mix engines with 4k prompts only)
