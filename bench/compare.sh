@@ -5,6 +5,7 @@
 # own fresh fleet of 8 engine-sim processes, so every run starts with cold KV caches:
 #   direct-rr        the replay client round-robins over the 8 engines itself (no gateway)
 #   tg-default       tokengate with no routing key at all (what a service gets by default)
+#   tg-policy-agents tokengate policy mode as documented: the `agents` service of conf/policy.yaml
 #   tg-rr            tokengate, load_balancing: round-robin
 #   tg-least-token   tokengate, load_balancing: least-token
 #   tg-layered       tokengate, scheduler layered (prefix layer only)
@@ -39,7 +40,7 @@ DRAIN=${DRAIN:-30s}       # after the last send, requests still running this lon
 DURATION=${DURATION:-55s} # stop sending after this long (the slice needs ~45 s; bounds a collapsing run)
 TRACE=${TRACE:-$ROOT/../shared/traces/mooncake_conversation_trace.jsonl}
 [ -f "$TRACE" ] || TRACE=/work/shared/traces/mooncake_conversation_trace.jsonl
-DEFAULT_CONFIGS="direct-rr tg-rr tg-least-token tg-layered tg-layered-aff tg-policy tg-default smg-rr smg-cache-aware"
+DEFAULT_CONFIGS="direct-rr tg-rr tg-least-token tg-layered tg-layered-aff tg-policy tg-default tg-policy-agents smg-rr smg-cache-aware"
 CONFIGS=${CONFIGS:-$DEFAULT_CONFIGS}
 OUT=${OUT:-target/bench/routing}
 MD=${MD:-bench/results/routing.md}
@@ -91,6 +92,8 @@ run_config() { # $1 = config, $2 = result directory name (config, or config.N fo
       local body
       case $kind in
         tg-default) body='';;
+        tg-policy-agents) body=$(service_keys conf/policy.yaml agents)
+          [ -n "$body" ] || { echo "no service 'agents' in conf/policy.yaml" >&2; return 1; };;
         tg-rr) body='    load_balancing: round-robin';;
         tg-least-token) body='    load_balancing: least-token';;
         tg-layered) body=$'    load_balancing: least-token\n    scheduler: { mode: layered, prefix: {} }';;
@@ -164,6 +167,7 @@ configs = sys.argv[5:]
 LABEL = {
     "direct-rr": "direct round-robin (client → 8 engines)",
     "tg-default": "tokengate default (no routing key)",
+    "tg-policy-agents": "tokengate policy mode (conf/policy.yaml's `agents`)",
     "tg-rr": "tokengate round-robin",
     "tg-least-token": "tokengate least-token",
     "tg-layered": "tokengate layered (prefix)",

@@ -130,6 +130,15 @@ pd_instances_yaml() {
 # (optional): more prefix_index keys, e.g. ", ttl: 10m".
 # Sets GW_PID, GW_URL, GW_ADMIN; the config is $WORK/gw.yaml.
 GW_PID=; GW_URL=; GW_ADMIN=
+# The keys of service $2 in config file $1 (all but its instances), indented as in the file: a
+# service body for start_tokengate (a documented config run as it is written).
+service_keys() {
+  awk -v svc="$2" '
+    $0 ~ "^  - name: " svc "$" { on = 1; next }
+    on && (/^  - / || /^    instances:/) { exit }
+    on { print }' "$1"
+}
+
 start_tokengate() {
   {
     echo 'listen: ["127.0.0.1:0"]'

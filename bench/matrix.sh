@@ -178,10 +178,7 @@ run_one() { # $1 = cell, $2 = seed, $3 = config
       local f from body; f=$(config_file "${name%@*}")
       from=$(sed -n 's/^# from: *//p' "$f" | head -1)
       if [ -n "$from" ]; then # "# from: FILE SERVICE": that service's keys in that file
-        body=$(awk -v svc="${from#* }" '
-          $0 ~ "^  - name: " svc "$" { on = 1; next }
-          on && (/^  - / || /^    instances:/) { exit }
-          on { print }' "${from%% *}")
+        body=$(service_keys "${from%% *}" "${from#* }")
         [ -n "$body" ] || { echo "no service '${from#* }' in ${from%% *}" >&2; exit 1; }
       else
         body=$({ grep -v '^#' "$f" || true; } | sed 's/^/    /') # tg-nokey: no key at all
