@@ -33,11 +33,12 @@ pub fn get_status(url: &str, timeout: Duration) -> Result<u16, String> {
         .map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: {hostport}\r\nUser-Agent: tokengate-probe\r\n\r\n"
-    )
-    .map_err(|e| format!("{addr}: {e}"))?;
+    // One write: `write!` on an unbuffered stream sends each formatted piece as its own
+    // segment, and a peer that reads once may see only `GET `.
+    let req =
+        format!("GET {path} HTTP/1.0\r\nHost: {hostport}\r\nUser-Agent: tokengate-probe\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .map_err(|e| format!("{addr}: {e}"))?;
     let mut head = [0u8; 64];
     let mut n = 0;
     while n < 12 {
@@ -64,9 +65,15 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             let (mut c, _) = l.accept().unwrap();
-            let mut buf = [0u8; 512];
-            let n = c.read(&mut buf).unwrap();
-            assert!(buf[..n].starts_with(b"GET /health HTTP/1.0\r\n"));
+            // Up to the end of the head, however the client's segments arrive.
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 512];
+            while !buf.ends_with(b"\r\n\r\n") {
+                let n = c.read(&mut chunk).unwrap();
+                assert!(n > 0, "closed before the end of the head: {buf:?}");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            assert!(buf.starts_with(b"GET /health HTTP/1.0\r\n"));
             c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
                 .unwrap();
         });
