@@ -798,9 +798,10 @@ async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_
 }
 
 /// The debug line names whose prefill rate each estimate uses: the prior before anything is
-/// learned, an instance's own once it has answered a few prefills with nothing queued ahead,
-/// the fleet's mean for an instance still short of samples (never the prior again once one
-/// instance has its own).
+/// learned, and never the prior again once an instance has answered a few prefills with
+/// nothing queued ahead (an instance still short of samples then borrows the fleet's mean;
+/// which one that is depends on the split, so the unit test in `plugins/src/cost/tests.rs`
+/// checks the `fleet` suffix).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_debug_line_says_whose_prefill_rate_each_estimate_uses() {
     let fleet = pair(engine_sim::SimConfig {
