@@ -137,17 +137,12 @@ pub fn adaptive_verdict(
             continue;
         }
         let Some(e) = est.get(j) else { continue };
-        // Room: the cache is known to hold the prompt beside what was placed there. (Counting
-        // an instance nothing was placed on as room too — free copies into empty caches — cost
-        // 1-8 cached points in 5 matrix cells on both seed sets: at a fleet's start every
-        // cache is empty, and the copies made then are evicted later.)
-        let room = c.cache_tokens > 0
-            && c.placed_blocks.saturating_mul(req.block_tokens) + prompt <= c.cache_tokens;
-        let copy = if room {
-            0.0
-        } else {
-            a.placement.max(0.0) * f64::from(m.saturating_sub(mj)) * bt * 1000.0 / e.tps.max(1.0)
-        };
+        // Charged whether or not the cache is known to have room for the copy: the copies
+        // made while there is room (every cache is empty at a fleet's start) fill it, and are
+        // evicted later. Counting them free cost 1-8 cached points in the matrix, first for
+        // empty caches only (not kept), then as the rule for known cache sizes (run 21).
+        let copy =
+            a.placement.max(0.0) * f64::from(m.saturating_sub(mj)) * bt * 1000.0 / e.tps.max(1.0);
         let ms = e.ms + e.queue_cost_ms();
         if to.is_none_or(|(_, est, cp)| ms + copy < est + cp) {
             to = Some((j, ms, copy));

@@ -1111,7 +1111,7 @@ fn held_request<'a>(prompt: &'a [u64], m: &'a PrefixMatch) -> RequestView<'a> {
 }
 
 #[test]
-fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_freely() {
+fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_charges_copies_into_free_room() {
     let p = adaptive_pipeline();
     let (prompt, m, mut cs) = held_by_first(3);
     let r = held_request(&prompt, &m);
@@ -1119,14 +1119,18 @@ fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_fre
     // 1,500 queued: below 1,024 + 1,024 → stays.
     cs[0] = queued(0, 1500, 3);
     assert_eq!(pick(&cs).reason, "prefix(1.00)");
-    // The others' caches are known to have room: a copy evicts nothing, only the
-    // recomputation (1,024 ms) counts, and 1,500 ms is more.
+    // The others' caches are known to have room: the copy is charged all the same (what
+    // it fills is evicted later; counted free, it cost cached points in the matrix).
     for c in &mut cs[1..] {
         c.cache_tokens = 100_000;
     }
     let d = pick(&cs);
+    assert_eq!(d.reason, "prefix(1.00)", "{}", d.explain());
+    // 2,500 queued: more than moving with its copy → spills.
+    cs[0] = queued(0, 2500, 3);
+    let d = pick(&cs);
     assert_eq!(d.reason, PREFIX_SPILL, "{}", d.explain());
-    assert!(d.explain().contains("+copy 0ms"), "{}", d.explain());
+    assert!(d.explain().contains("+copy 1024ms"), "{}", d.explain());
     // Waiting above the cap: not chosen for its cache, whatever the costs (the layers
     // below decide; this is no spill).
     let mut cs: Vec<Candidate> = (0..3).map(|i| queued(i, 0, 0)).collect();
@@ -1136,7 +1140,7 @@ fn the_adaptive_prefix_layer_keeps_its_safety_caps_and_copies_into_free_room_fre
     let e = d.explain();
     assert!(e.contains("wait=17,match=64(1.00),est=100ms"), "{e}");
     assert!(
-        e.contains("@1.0k/s prior busy=0.09 avg_wait=0.7),ineligible #1:"),
+        e.contains("@1.0k/s prior busy=0.12 avg_wait=0.8),ineligible #1:"),
         "{e}"
     );
 }
