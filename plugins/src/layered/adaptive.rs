@@ -35,7 +35,8 @@ pub const COST_WAITING_CAP: u64 = 16;
 /// * `copy(j)` — the placement term: the tokens the holder has and `j` would have to write,
 ///   at `j`'s rate. A copy elsewhere evicts as much of what `j` caches (someone else's prefix,
 ///   which its next turns recompute), so the move is charged for it once more, × `placement`.
-///   Zero when `j`'s cache is known to have room for the prompt beside what was placed on it.
+///   Charged even where `j`'s cache is known to have room (what a copy fills is evicted
+///   later; matrix run 21).
 ///
 /// So the holder of a long prompt is waited for longer than the holder of a short one (moving
 /// a long prompt recomputes and evicts more), and a hot tenant's prefix gets a second home
