@@ -214,6 +214,25 @@ impl Estimate {
     }
 }
 
+/// The most harm ([`Estimate::harm_ms`]) a cold prompt's placement may do: the least harm
+/// among the eligible candidates plus `slack_ms`. Within the room of its total cost a cold
+/// prompt still does not go where its prefill stalls more returning sessions than it must:
+/// a hot tenant's home drains its cheap warm turns fast, so its TTFT plus harm can be the
+/// least while its harm is the largest. The layered mode's least-cached layer and policy
+/// mode's `predicted-ttft` filter both cut there (the filter did not until matrix run 22,
+/// `many-12k-people-half-high-8eq` seed 9: policy mode placed a new tenant's cold 14k prompt
+/// next to the hottest tenant, harm 1.5 s against the least 0.36 s, where the layered
+/// default did not).
+pub fn harm_cap(est: &[Estimate], eligible: impl Fn(usize) -> bool, slack_ms: f64) -> f64 {
+    let least = est
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| eligible(*i))
+        .map(|(_, e)| e.harm_ms())
+        .fold(f64::INFINITY, f64::min);
+    least + slack_ms.max(0.0)
+}
+
 /// Time constant of an instance's arrival rate ([`Estimate::lambda`], ms): about the time a
 /// session takes to come back for its next turn, long enough to count the live sessions
 /// there, short enough to follow sessions that ended.

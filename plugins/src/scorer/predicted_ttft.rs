@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::api::{BuildCtx, Plugin, PluginParams, Scorer};
 use crate::candidate::{Candidate, Needs, RequestView};
-use crate::cost::{CostModel, Estimate};
+use crate::cost::{harm_cap, CostModel, Estimate};
 use crate::layered::{adaptive_verdict, Adaptive, CostTolerance, Others};
 
 /// `best / est`: the predicted time to first token relative to the best candidate's; with
@@ -42,7 +42,9 @@ pub struct PredictedTtftParams {
     /// plugins choose among the rest, whatever their weights), and the score ranks those
     /// left from the best (no plateau). Without `tolerance` / `slack` only the best stays.
     /// For a prompt no candidate holds any of, the room is over the estimate plus the
-    /// prefill's harm to those arriving behind it, above the least such total.
+    /// prefill's harm to those arriving behind it, above the least such total, and of those
+    /// only the ones whose harm is within `slack` of the least harm stay (the least-cached
+    /// layer's rule, [`harm_cap`]).
     #[serde(default)]
     pub filter: bool,
     /// With `filter`: a candidate beyond the room that holds more of the prompt than another
@@ -278,6 +280,18 @@ impl Scorer for PredictedTtftScorer {
         for (i, (k, e)) in keep.iter_mut().zip(&est).enumerate() {
             if *k && cost(e) > limit && !stays(i) {
                 *k = false;
+            }
+        }
+        // And, as the least-cached layer does, not where the prefill harms the returning
+        // sessions more than it must ([`harm_cap`]): among those left, at most the least
+        // harm plus the room's slack.
+        if cold {
+            let slack = self.room.map_or(0.0, |(_, slack)| slack);
+            let cap = harm_cap(&est, |i| keep[i], slack);
+            for (k, e) in keep.iter_mut().zip(&est) {
+                if *k && e.harm_ms() > cap {
+                    *k = false;
+                }
             }
         }
     }
@@ -523,5 +537,41 @@ mod tests {
         };
         gate.filter(&warm, &cs, &mut keep);
         assert_eq!(keep, vec![true, true, false]);
+    }
+
+    #[test]
+    fn as_a_filter_a_cold_prompt_does_not_go_where_it_harms_more_than_it_must() {
+        // Instance 0 is idle but its sessions come back (0.1/s); 1 and 2 have 1,000 tokens
+        // queued and none coming back.
+        let (model, mut cs, _) = three_queues();
+        cs[0].prefill_tokens = 0;
+        cs[1].prefill_tokens = 1000;
+        cs[2].prefill_tokens = 1000;
+        model.dispatched(cs[0].key, 30_000);
+        let gate = PredictedTtftScorer::new(model)
+            .with_room(Some(CostTolerance {
+                tolerance: 0.5,
+                slack_ms: 50.0,
+            }))
+            .with_filter(true);
+        let req = |tokens| RequestView {
+            prompt_tokens: tokens,
+            block_tokens: 16,
+            now_ms: 30_000,
+            ..Default::default()
+        };
+        // 2,000 cold tokens: 0 estimates 2,010 ms plus 0.1/s × 2 s × (667 ms fleet mean queue
+        // + 1 s) = 333 ms of harm, 2,343 in all, the least; 1 and 2 estimate 3,010 with no
+        // harm, within the room (2,343 + 2,010 × 0.5 + 50). Among those three the least harm
+        // is 0, so 0's 333 ms is beyond its slack: the prompt waits a little longer on 1 or 2
+        // rather than stall the sessions coming back to 0.
+        let mut keep = vec![true; 3];
+        gate.filter(&req(2000), &cs, &mut keep);
+        assert_eq!(keep, vec![false, true, true]);
+        // 200 tokens harm 0 by 0.1/s × 0.2 s × 0.77 s = 15 ms: 0 (225 ms in all) is the only
+        // one within the room, and the cap is over those the room kept.
+        let mut keep = vec![true; 3];
+        gate.filter(&req(200), &cs, &mut keep);
+        assert_eq!(keep, vec![true, false, false]);
     }
 }
