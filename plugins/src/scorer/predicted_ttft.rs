@@ -491,6 +491,26 @@ mod tests {
         assert!(out[0] > 0.99, "{out:?}");
     }
 
+    /// The documented filter's room (tolerance 0.5, slack 50 ms), for the cold-prompt tests.
+    fn cold_gate(model: Arc<CostModel>) -> PredictedTtftScorer {
+        PredictedTtftScorer::new(model)
+            .with_room(Some(CostTolerance {
+                tolerance: 0.5,
+                slack_ms: 50.0,
+            }))
+            .with_filter(true)
+    }
+
+    /// A prompt of `tokens` at 30 s, held by no one.
+    fn cold_request(tokens: u64) -> RequestView<'static> {
+        RequestView {
+            prompt_tokens: tokens,
+            block_tokens: 16,
+            now_ms: 30_000,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn as_a_filter_a_cold_prompt_is_kept_by_its_estimate_plus_harm() {
         // Instance 0 is a hot tenant's home: a short queue (90 tokens) but sessions coming
@@ -502,18 +522,8 @@ mod tests {
         for _ in 0..10 {
             model.dispatched(cs[0].key, 30_000);
         }
-        let gate = PredictedTtftScorer::new(model)
-            .with_room(Some(CostTolerance {
-                tolerance: 0.5,
-                slack_ms: 50.0,
-            }))
-            .with_filter(true);
-        let req = |tokens| RequestView {
-            prompt_tokens: tokens,
-            block_tokens: 16,
-            now_ms: 30_000,
-            ..Default::default()
-        };
+        let gate = cold_gate(model);
+        let req = cold_request;
         // 2,000 cold tokens: estimates 2,100, 2,410 and 4,010 ms. On 0 those arriving in the
         // next 2 s wait behind it until the fleet's mean queue (830 ms) and half the prefill
         // have passed: 1/s × 2 s × 1.83 s = 3,660 ms of harm. On TTFT alone 0 and 1 are
@@ -548,18 +558,8 @@ mod tests {
         cs[1].prefill_tokens = 1000;
         cs[2].prefill_tokens = 1000;
         model.dispatched(cs[0].key, 30_000);
-        let gate = PredictedTtftScorer::new(model)
-            .with_room(Some(CostTolerance {
-                tolerance: 0.5,
-                slack_ms: 50.0,
-            }))
-            .with_filter(true);
-        let req = |tokens| RequestView {
-            prompt_tokens: tokens,
-            block_tokens: 16,
-            now_ms: 30_000,
-            ..Default::default()
-        };
+        let gate = cold_gate(model);
+        let req = cold_request;
         // 2,000 cold tokens: 0 estimates 2,010 ms plus 0.1/s × 2 s × (667 ms fleet mean queue
         // + 1 s) = 333 ms of harm, 2,343 in all, the least; 1 and 2 estimate 3,010 with no
         // harm, within the room (2,343 + 2,010 × 0.5 + 50). Among those three the least harm
