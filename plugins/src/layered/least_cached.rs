@@ -71,11 +71,8 @@ impl Stage for LeastCachedStage {
         let fits = |i: usize| near(i) && (!any_fits || cx.cands[i].kv_fits(prompt));
         // The least harm among those, and the room above it within which placed blocks
         // decide.
-        let harm_cap = if cx.est.is_empty() {
-            f64::INFINITY
-        } else {
-            crate::cost::harm_cap(cx.est, fits, t.slack_ms)
-        };
+        // (No estimates: no cap, the least over nothing is infinite.)
+        let harm_cap = crate::cost::harm_cap(cx.est, fits, t.slack_ms);
         let cuts = cx.req.explain && (0..n).any(|i| fits(i) && harm(i) > harm_cap);
         let note = cuts.then(|| {
             format!(
