@@ -77,7 +77,7 @@ pub struct RequestInfo {
 
 impl RequestInfo {
     /// Prompt estimate plus expected output (see [`crate::load::MeanOutput::expected`]):
-    /// the request's in-flight tokens (`least-token`, the KV-room check).
+    /// the request's in-flight tokens (`least-token`).
     pub fn expected_tokens(&self, output: &crate::load::MeanOutput) -> u64 {
         self.prompt_tokens_est + output.expected(self.max_tokens)
     }

@@ -22,71 +22,6 @@ pub struct InstanceLoad {
     completed: AtomicU64,
     errors: AtomicU64,
     cancelled: AtomicU64,
-    /// Tokens of the requests completed in the recent past, exponentially decayed
-    /// ([`RecentCount`]).
-    recent: RecentCount,
-}
-
-/// Time constant of [`InstanceLoad::recent_tokens`] (ms): a completion counts fully now,
-/// 0.37 after this long, 0.14 after twice as long. About the gap between an agent's turns
-/// (the tool call between an answer and the next request).
-pub const RECENT_TAU_MS: f64 = 500.0;
-
-/// A decayed sum in one atomic: the high 32 bits hold the last update's time (ms of
-/// [`crate::clock::now_ms`], wrapping every 49.7 days: an instance idle for that long, to the
-/// second, would show its stale sum once), the low 32 the sum then (an `f32`).
-#[derive(Debug, Default)]
-struct RecentCount(AtomicU64);
-
-/// How far back a concurrent update may have read the clock (ms): its `now` may be slightly
-/// before the time another thread has just stored.
-const CLOCK_SKEW_MS: u32 = 1_000;
-
-impl RecentCount {
-    fn decode(w: u64) -> (u32, f32) {
-        ((w >> 32) as u32, f32::from_bits(w as u32))
-    }
-
-    /// Age of an update at `t` seen at `now` (0 when `now` is just before `t`), and the
-    /// later of the two times.
-    fn age(t: u32, now: u64) -> (u32, u32) {
-        let now = now as u32;
-        let dt = now.wrapping_sub(t);
-        if dt > u32::MAX - CLOCK_SKEW_MS {
-            (0, t)
-        } else {
-            (dt, now)
-        }
-    }
-
-    fn decayed(w: u64, now: u64) -> f64 {
-        let (t, v) = Self::decode(w);
-        let (dt, _) = Self::age(t, now);
-        f64::from(v) * (-f64::from(dt) / RECENT_TAU_MS).exp()
-    }
-
-    fn bump(&self, now: u64, by: f64) {
-        let mut cur = self.0.load(Relaxed);
-        loop {
-            let (t, old) = Self::decode(cur);
-            // An empty sum has no time to keep.
-            let stamp = if old == 0.0 {
-                now as u32
-            } else {
-                Self::age(t, now).1
-            };
-            let v = (Self::decayed(cur, now) + by) as f32;
-            let next = (u64::from(stamp) << 32) | u64::from(v.to_bits());
-            match self.0.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
-                Ok(_) => return,
-                Err(w) => cur = w,
-            }
-        }
-    }
-
-    fn value(&self, now: u64) -> f64 {
-        Self::decayed(self.0.load(Relaxed), now)
-    }
 }
 
 /// What the other replicas of a cluster have in flight on an instance (`cluster:`), as they
@@ -146,13 +81,6 @@ impl InstanceLoad {
             errors: self.errors.load(Relaxed),
             cancelled: self.cancelled.load(Relaxed),
         }
-    }
-
-    /// Tokens of the requests completed on the instance lately, each weighted by
-    /// e^(−age / 500 ms) ([`RECENT_TAU_MS`]): the sessions likely to send their next turn
-    /// here soon, whose history the engine should still hold then.
-    pub fn recent_tokens(&self, now_ms: u64) -> u64 {
-        self.recent.value(now_ms) as u64
     }
 }
 
@@ -372,10 +300,7 @@ impl<I: HasLoad> Drop for LoadGuard<I> {
             p.total.fetch_sub(1, Relaxed);
         }
         match self.outcome {
-            Some(Outcome::Completed) => {
-                l.recent.bump(crate::clock::now_ms(), self.tokens as f64);
-                l.completed.fetch_add(1, Relaxed)
-            }
+            Some(Outcome::Completed) => l.completed.fetch_add(1, Relaxed),
             Some(Outcome::Cancelled) => l.cancelled.fetch_add(1, Relaxed),
             // A guard dropped without an outcome was abandoned (task cancelled): an error.
             Some(Outcome::Failed) | None => l.errors.fetch_add(1, Relaxed),
@@ -411,28 +336,6 @@ mod tests {
         assert_eq!(m.get(), 10);
         assert_eq!(m.expected(Some(200)), 200);
         assert_eq!(m.expected(Some(5_000)), 256);
-    }
-
-    #[test]
-    fn recent_completions_decay_and_survive_the_clock_wrapping() {
-        let e = std::f64::consts::E;
-        let r = RecentCount::default();
-        assert_eq!(r.value(1_000), 0.0);
-        r.bump(1_000, 1.0);
-        r.bump(1_000, 1.0);
-        assert!((r.value(1_000) - 2.0).abs() < 1e-6);
-        // one time constant later: 2/e
-        assert!((r.value(1_500) - 2.0 / e).abs() < 1e-3);
-        r.bump(1_500, 1.0);
-        assert!((r.value(1_500) - (1.0 + 2.0 / e)).abs() < 1e-3);
-        // a thread that read the clock a little earlier adds without losing the sum
-        r.bump(1_490, 1.0);
-        assert!((r.value(1_500) - (2.0 + 2.0 / e)).abs() < 1e-3);
-        assert!(r.value(60_000) < 1e-9);
-        // across the u32 millisecond wrap: the age is still 500 ms
-        let w = RecentCount::default();
-        w.bump(u64::from(u32::MAX) - 100, 1.0);
-        assert!((w.value(u64::from(u32::MAX) + 400) - 1.0 / e).abs() < 1e-3);
     }
 
     #[derive(Default)]

@@ -58,26 +58,6 @@ pub struct Candidate {
     /// instance holds, plus what the index forgot because it held more than the engine's
     /// cache size — how much distinct work went there (least-cached compares it).
     pub placed_blocks: u64,
-    /// The engine's KV cache size in tokens, when the gateway knows it (the instance's
-    /// `cache_tokens`, or the size its engine reports); 0 = unknown. With it, the prefix and
-    /// least-cached layers do not place a request where it would not fit next to the
-    /// in-flight and recently completed requests ([`Self::kv_fits`]).
-    pub cache_tokens: u64,
-    /// Tokens of the requests completed on the instance lately (decayed over ~500 ms): the
-    /// sessions about to come back, whose history the engine should still hold then.
-    pub recent_tokens: u64,
-}
-
-impl Candidate {
-    /// Whether `prompt_tokens` more fit in the engine's KV cache next to its in-flight
-    /// requests ([`Self::inflight_tokens`]: prompts and expected outputs) and its recently
-    /// completed ones ([`Self::recent_tokens`]); always, when the cache size is unknown. Past
-    /// that the engine queues the request or evicts the cached prefixes of sessions between
-    /// turns, which then come back to prefill their whole history again.
-    pub fn kv_fits(&self, prompt_tokens: u64) -> bool {
-        self.cache_tokens == 0
-            || self.inflight_tokens + self.recent_tokens + prompt_tokens <= self.cache_tokens
-    }
 }
 
 /// An engine's own load figures, scraped from its Prometheus metrics.
@@ -106,8 +86,6 @@ impl Default for Candidate {
             engine: None,
             full: false,
             placed_blocks: 0,
-            cache_tokens: 0,
-            recent_tokens: 0,
         }
     }
 }

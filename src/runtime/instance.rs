@@ -182,7 +182,6 @@ impl Instance {
         let s = self.load.snapshot();
         // The fleet's load: the other replicas' bookings here (zero without a cluster).
         let [rr, rt, rw, rp] = self.remote.get();
-        let cache_tokens = self.cache_tokens().unwrap_or(0);
         Candidate {
             idx,
             key: self.key,
@@ -199,13 +198,6 @@ impl Instance {
             full: (self.limits.prefill > 0 && s.waiting >= self.limits.prefill)
                 || (self.limits.total > 0 && s.inflight_requests >= self.limits.total),
             placed_blocks: index.placed_blocks(self.key),
-            cache_tokens,
-            // Read only where it is compared with a cache size.
-            recent_tokens: if cache_tokens > 0 {
-                self.load.recent_tokens(now_ms)
-            } else {
-                0
-            },
         }
     }
 }

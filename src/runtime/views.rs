@@ -65,7 +65,6 @@ pub struct InstanceView {
     /// (`services[].engine_queue`; they count in `inflight_requests` and `waiting` too).
     pub held: u64,
     pub other_replicas: OtherReplicas,
-    pub recent_tokens: u64,
     pub cached_blocks: u64,
     pub placed_blocks: u64,
     pub cache_blocks: Option<u64>,
@@ -298,7 +297,6 @@ impl Runtime {
                 waiting: remote[2],
                 queued_prefill_tokens: remote[3],
             },
-            recent_tokens: i.load.recent_tokens(now_ms()),
             cached_blocks: s.index.held_blocks(i.key),
             placed_blocks: s.index.placed_blocks(i.key),
             cache_blocks: i.cache_blocks(self.block_tokens),

@@ -116,25 +116,21 @@ pub enum Others {
 }
 
 /// The adaptive comparison for candidate `i` (which holds `req.matched(&cands[i])` blocks),
-/// with `est` the predicted TTFT per candidate and `any_fits` whether any candidate's KV cache
-/// has room for the prompt (then only those are moves).
+/// with `est` the predicted TTFT per candidate.
 pub fn adaptive_verdict(
     req: &RequestView<'_>,
     cands: &[Candidate],
     est: &[Estimate],
     a: &Adaptive,
     i: usize,
-    any_fits: bool,
     others: Others,
 ) -> Verdict {
     let m = req.matched(&cands[i]);
     let bt = req.block_tokens.max(1) as f64;
-    let prompt = req.prompt_tokens;
     let mut to: Option<(usize, f64, f64)> = None;
     for (j, c) in cands.iter().enumerate() {
         let mj = req.matched(c);
-        if j == i || (others == Others::HoldingLess && mj >= m) || (any_fits && !c.kv_fits(prompt))
-        {
+        if j == i || (others == Others::HoldingLess && mj >= m) {
             continue;
         }
         let Some(e) = est.get(j) else { continue };

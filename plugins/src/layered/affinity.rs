@@ -138,17 +138,7 @@ impl Stage for AffinityStage {
                         }
                         false
                     } else {
-                        let prompt = cx.req.prompt_tokens;
-                        let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
-                        let v = adaptive_verdict(
-                            cx.req,
-                            cx.cands,
-                            cx.est,
-                            &a,
-                            p,
-                            any_fits,
-                            Others::All,
-                        );
+                        let v = adaptive_verdict(cx.req, cx.cands, cx.est, &a, p, Others::All);
                         if cx.req.explain {
                             let verb = if v.stays() { "stays" } else { "moves" };
                             cx.notes.push(match v.to {

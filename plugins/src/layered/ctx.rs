@@ -1,8 +1,7 @@
 //! What the stages share: the context a stage decides in ([`LayerCtx`]), its figures per
-//! candidate, the [`Stage`] trait, the cost tolerance and the KV-room check.
+//! candidate, the [`Stage`] trait and the cost tolerance.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
 use rand::RngCore;
 
@@ -99,34 +98,4 @@ pub trait Stage: Send + Sync {
     fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit>;
     fn on_dispatch(&self, _req: &RequestView<'_>, _chosen: &Candidate) {}
     fn on_complete(&self, _req: &RequestView<'_>, _chosen: &Candidate, _done: &Completion) {}
-}
-
-/// Marks the candidates whose engine's KV cache would not hold this prompt next to its
-/// in-flight and recently completed requests ([`Candidate::kv_fits`]; only those whose cache
-/// size is known) as ineligible, with a note saying so — unless no candidate has room.
-pub(super) fn kv_check(cx: &mut LayerCtx<'_, '_>, layer: &str) {
-    let prompt = cx.req.prompt_tokens;
-    if !cx.cands.iter().any(|c| c.kv_fits(prompt)) {
-        // Every cache is full (the fleet's working set is larger than its caches): moving
-        // the request would not make room anywhere, only cost its prefix.
-        return;
-    }
-    let mut full = String::new();
-    for (r, c) in cx.rows.iter_mut().zip(cx.cands) {
-        if !c.kv_fits(prompt) {
-            r.ineligible = true;
-            if cx.req.explain {
-                let _ = write!(
-                    full,
-                    " #{}({}+{}+{prompt}>{})",
-                    c.idx, c.inflight_tokens, c.recent_tokens, c.cache_tokens
-                );
-            }
-        }
-    }
-    if !full.is_empty() {
-        cx.notes.push(format!(
-            "{layer}: kv cache full (in-flight + recently done + prompt > cache_tokens):{full}"
-        ));
-    }
 }

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use super::ctx::{kv_check, CostTolerance, Hit, LayerCtx, Stage};
+use super::ctx::{CostTolerance, Hit, LayerCtx, Stage};
 use crate::candidate::Needs;
 use crate::cost::Estimate;
 use crate::decision::Layer;
@@ -46,7 +46,6 @@ impl Stage for LeastCachedStage {
     fn try_pick(&self, cx: &mut LayerCtx<'_, '_>) -> Option<Hit> {
         let n = cx.cands.len();
         let t = self.0;
-        let prompt = cx.req.prompt_tokens;
         // What its prefill costs the requests arriving behind it there.
         let harm = |i: usize| cx.est.get(i).map_or(0.0, |e| e.harm_ms());
         // Eligible: its own predicted TTFT plus that cost within the usual room (the best
@@ -57,23 +56,14 @@ impl Stage for LeastCachedStage {
         // at each instance's own rate) makes a slow engine dearer on a mixed fleet; on equal
         // engines it is the same everywhere and decides nothing.
         let total = |i: usize| cx.est.get(i).map_or(0.0, Estimate::cold_cost_ms);
-        let none_fits = !(0..n).any(|i| cx.cands[i].kv_fits(prompt));
-        let least_total = (0..n)
-            .filter(|&i| none_fits || cx.cands[i].kv_fits(prompt))
-            .map(total)
-            .fold(f64::INFINITY, f64::min);
+        let least_total = (0..n).map(total).fold(f64::INFINITY, f64::min);
         let limit = least_total + cx.min_est * t.tolerance + t.slack_ms;
         let near = |i: usize| cx.est.is_empty() || total(i) <= limit;
-        let any_fits = (0..n).any(|i| near(i) && cx.cands[i].kv_fits(prompt));
-        if any_fits && cx.req.explain {
-            kv_check(cx, "least-cached");
-        }
-        let fits = |i: usize| near(i) && (!any_fits || cx.cands[i].kv_fits(prompt));
         // The least harm among those, and the room above it within which placed blocks
         // decide.
         // (No estimates: no cap, the least over nothing is infinite.)
-        let harm_cap = crate::cost::harm_cap(cx.est, fits, t.slack_ms);
-        let cuts = cx.req.explain && (0..n).any(|i| fits(i) && harm(i) > harm_cap);
+        let harm_cap = crate::cost::harm_cap(cx.est, near, t.slack_ms);
+        let cuts = cx.req.explain && (0..n).any(|i| near(i) && harm(i) > harm_cap);
         let note = cuts.then(|| {
             format!(
                 "least-cached: and if harm <= least+{}ms={harm_cap:.0}ms",
@@ -90,7 +80,7 @@ impl Stage for LeastCachedStage {
         let mut best: Option<usize> = None;
         for step in 0..n {
             let i = (start + step) % n;
-            if !fits(i) || harm(i) > harm_cap {
+            if !near(i) || harm(i) > harm_cap {
                 continue;
             }
             let key = |j: usize| (cx.cands[j].placed_blocks, cx.rows[j].load);

@@ -21,13 +21,9 @@
 //!    `waiting_threshold` (default 2). The eligible candidate with the longest
 //!    match wins (ties: lower load, then a rotation by `turn`) if its ratio ≥ `min_hit_ratio`
 //!    (default 0.50); otherwise it is a miss. Reason `prefix(0.83)`, or `prefix-spill` when
-//!    the adaptive rule moved a cached prompt away and a lower layer chose. Where the engines' cache
-//!    sizes are known, an instance without room for the prompt next to its in-flight and
-//!    recently completed requests ([`Candidate::kv_fits`]) is not eligible either, while
-//!    another has room.
+//!    the adaptive rule moved a cached prompt away and a lower layer chose.
 //! 3. **Least cached** (optional, [`LeastCachedStage`]): among the candidates with a near-best
-//!    predicted TTFT (and with room in its KV cache, as above), the one the prefix index
-//!    believes holds the fewest blocks. Reason `least-cached`. With `cluster: {placement:
+//!    predicted TTFT, the one the prefix index believes holds the fewest blocks. Reason `least-cached`. With `cluster: {placement:
 //!    rendezvous}` a [`RendezvousStage`] comes first: the session's (or the first block's)
 //!    weighted rendezvous hash over the engines' scraped load, the same on every replica
 //!    (`rendezvous(session)`, `rendezvous(prefix)`).

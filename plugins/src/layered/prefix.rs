@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use super::adaptive::{adaptive_verdict, Adaptive, Others, COST_LOAD_CAP, COST_WAITING_CAP};
-use super::ctx::{kv_check, CostTolerance, Hit, LayerCtx, Stage};
+use super::ctx::{CostTolerance, Hit, LayerCtx, Stage};
 use crate::candidate::Needs;
 use crate::decision::Layer;
 
@@ -121,7 +121,6 @@ impl Stage for PrefixStage {
                 }
             }
         }
-        kv_check(cx, "prefix");
         if prompt_blocks == 0 {
             return None;
         }
@@ -135,13 +134,8 @@ impl Stage for PrefixStage {
             })
         });
         if hit.is_none() && cx.headline.is_none() {
-            let prompt = cx.req.prompt_tokens;
-            let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
-            // A holder without KV room would not have been chosen anyway: that check's note
-            // explains it, the reason stays the lower layer's.
             let spill = |s: usize| {
                 f64::from(cx.rows[s].matched) / f64::from(prompt_blocks) >= p.min_hit_ratio
-                    && (cx.cands[s].kv_fits(prompt) || !any_fits)
             };
             if spilled.is_some_and(spill) {
                 // The prompt is cached, but waiting for its holder costs more than
@@ -170,8 +164,6 @@ fn adaptive_eligibility(
                 a.placement, a.describe_caps(cx.avg_load), p.min_hit_ratio
             ));
     }
-    let prompt = cx.req.prompt_tokens;
-    let any_fits = cx.cands.iter().any(|c| c.kv_fits(prompt));
     let best_m = cx.rows.iter().map(|r| r.matched).max().unwrap_or(0);
     let mut said = String::new();
     for i in 0..n {
@@ -182,15 +174,7 @@ fn adaptive_eligibility(
         if cx.rows[i].matched == 0 {
             continue;
         }
-        let v = adaptive_verdict(
-            cx.req,
-            cx.cands,
-            cx.est,
-            a,
-            i,
-            any_fits,
-            Others::HoldingLess,
-        );
+        let v = adaptive_verdict(cx.req, cx.cands, cx.est, a, i, Others::HoldingLess);
         if !v.stays() {
             cx.rows[i].ineligible = true;
             if cx.rows[i].matched == best_m

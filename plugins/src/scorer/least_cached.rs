@@ -27,8 +27,7 @@ impl PluginParams for LeastCachedParams {
 
 /// Least cached: `2^-r` where `r` is the number of candidates the gateway placed fewer blocks
 /// on ([`Candidate::placed_blocks`]): the emptiest cache scores 1, equal caches
-/// score the same. Where the cache sizes are known, candidates without room for the prompt
-/// ([`Candidate::kv_fits`]) rank after all those with room. Policy mode's counterpart of the
+/// score the same. Policy mode's counterpart of the
 /// layered mode's least-cached layer: with a small weight it decides where a prompt no
 /// instance holds goes (a new tenant, a one-shot), so that cold prompts fill the emptiest
 /// caches; the affinity and prefix plugins outweigh it for a prompt that is cached somewhere.
@@ -42,13 +41,12 @@ impl Scorer for LeastCachedScorer {
     fn needs(&self) -> Needs {
         Needs::PREFIX
     }
-    fn score(&self, req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
-        // A cache with no room for the prompt ([`Candidate::kv_fits`]) ranks after every
-        // one with room (when any has).
-        let check_kv = cands.iter().any(|c| c.kv_fits(req.prompt_tokens));
-        let key = |c: &Candidate| (check_kv && !c.kv_fits(req.prompt_tokens), c.placed_blocks);
+    fn score(&self, _req: &RequestView<'_>, cands: &[Candidate], out: &mut [f64]) {
         for (o, c) in out.iter_mut().zip(cands) {
-            let fewer = cands.iter().filter(|d| key(d) < key(c)).count();
+            let fewer = cands
+                .iter()
+                .filter(|d| d.placed_blocks < c.placed_blocks)
+                .count();
             *o = 0.5f64.powi(fewer.min(1000) as i32);
         }
     }

@@ -266,7 +266,6 @@ impl Scorer for PredictedTtftScorer {
         // The fleet's figures the comparison reads, once per decision (not per candidate).
         let avg = cands.iter().map(|c| c.inflight_tokens).sum::<u64>() as f64
             / cands.len().max(1) as f64;
-        let any_fits = cands.iter().any(|c| c.kv_fits(req.prompt_tokens));
         let stays = |i: usize| {
             let Some(a) = &self.stay_or_move else {
                 return false;
@@ -275,7 +274,7 @@ impl Scorer for PredictedTtftScorer {
             if req.matched(c) == 0 || a.over_caps(c.inflight_tokens as f64, avg, c.waiting) {
                 return false;
             }
-            adaptive_verdict(req, cands, &est, a, i, any_fits, Others::HoldingLess).stays()
+            adaptive_verdict(req, cands, &est, a, i, Others::HoldingLess).stays()
         };
         for (i, (k, e)) in keep.iter_mut().zip(&est).enumerate() {
             if *k && cost(e) > limit && !stays(i) {

@@ -55,10 +55,7 @@ impl PluginParams for PrefixCacheParams {
 ///
 /// With `max_waiting`, a candidate with more requests waiting for their first token scores 0
 /// too (the layered prefix layer's `waiting_threshold`): a hot prefix's holder stops pulling
-/// new requests to itself once it has a queue, and the other plugins spread them. So does a
-/// candidate whose KV cache has no room for the prompt next to its in-flight and recently
-/// completed requests ([`Candidate::kv_fits`], when the cache size is known and some other
-/// candidate has room), as in the layered prefix layer.
+/// new requests to itself once it has a queue, and the other plugins spread them.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefixScorer {
     pub min_hit_ratio: f64,
@@ -86,12 +83,10 @@ impl Scorer for PrefixScorer {
         if m.prompt_blocks == 0 {
             return;
         }
-        let check_kv = cands.iter().any(|c| c.kv_fits(req.prompt_tokens));
         for (o, c) in out.iter_mut().zip(cands) {
             let r = m.ratio(c.key);
             let queued = self.max_waiting.is_some_and(|w| c.waiting > w);
-            let full = check_kv && !c.kv_fits(req.prompt_tokens);
-            *o = if r >= self.min_hit_ratio && !queued && !full {
+            *o = if r >= self.min_hit_ratio && !queued {
                 r
             } else {
                 0.0
@@ -102,54 +97,9 @@ impl Scorer for PrefixScorer {
 
 #[cfg(test)]
 mod tests {
-    use crate::scorer::least_cached::LeastCachedScorer;
     use super::*;
     use crate::prefix::PrefixIndex;
     use crate::scorer::api::cands;
-
-    #[test]
-    fn a_full_kv_cache_ranks_last_for_least_cached_and_scores_no_prefix() {
-        let mut cs = cands(3);
-        for (c, b) in cs.iter_mut().zip([0, 10, 20]) {
-            c.placed_blocks = b;
-            c.cache_tokens = 1000;
-        }
-        // 0 is the emptiest but its in-flight and recent requests fill it.
-        cs[0].inflight_tokens = 700;
-        cs[0].recent_tokens = 200;
-        let r = RequestView {
-            prompt_tokens: 200,
-            ..Default::default()
-        };
-        let mut out = vec![0.0; 3];
-        LeastCachedScorer.score(&r, &cs, &mut out);
-        assert_eq!(out, vec![0.25, 1.0, 0.5]);
-        // Every cache full: by blocks alone again.
-        for c in &mut cs {
-            c.inflight_tokens = 900;
-        }
-        LeastCachedScorer.score(&r, &cs, &mut out);
-        assert_eq!(out, vec![1.0, 0.5, 0.25]);
-        // The prefix plugin: 0 holds the whole prompt, 1 half; 0 is full.
-        let idx = PrefixIndex::default();
-        let prompt = [1, 2, 3, 4];
-        idx.insert(&prompt, cs[0].key, 0);
-        idx.insert(&prompt[..2], cs[1].key, 0);
-        let m = idx.match_prefix(&prompt, 0);
-        let r = RequestView {
-            blocks: &prompt,
-            prompt_tokens: 200,
-            prefix: Some(&m),
-            ..Default::default()
-        };
-        cs[1].inflight_tokens = 0;
-        PrefixScorer::default().score(&r, &cs, &mut out);
-        assert_eq!(out, vec![0.0, 0.5, 0.0]);
-        // No cache has room: the match counts.
-        cs[1].inflight_tokens = 900;
-        PrefixScorer::default().score(&r, &cs, &mut out);
-        assert_eq!(out, vec![1.0, 0.5, 0.0]);
-    }
 
     #[test]
     fn prefix_scorer_scores_the_hit_ratio_of_the_match() {
