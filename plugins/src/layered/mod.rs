@@ -23,10 +23,10 @@
 //!    (default 0.50); otherwise it is a miss. Reason `prefix(0.83)`, or `prefix-spill` when
 //!    the adaptive rule moved a cached prompt away and a lower layer chose.
 //! 3. **Least cached** (optional, [`LeastCachedStage`]): among the candidates with a near-best
-//!    predicted TTFT, the one the prefix index believes holds the fewest blocks. Reason `least-cached`. With `cluster: {placement:
-//!    rendezvous}` a [`RendezvousStage`] comes first: the session's (or the first block's)
-//!    weighted rendezvous hash over the engines' scraped load, the same on every replica
-//!    (`rendezvous(session)`, `rendezvous(prefix)`).
+//!    predicted TTFT, the one the prefix index believes holds the fewest blocks. Reason
+//!    `least-cached`. With `cluster: {placement: rendezvous}` a [`RendezvousStage`] comes
+//!    first: the session's (or the first block's) weighted rendezvous hash over the engines'
+//!    scraped load, the same on every replica (`rendezvous(session)`, `rendezvous(prefix)`).
 //! 4. **Load balancing**: [`balance::pick`] with the picker's policy. Always routes.
 //!
 //! A stage is read-only while deciding; the gateway reports the dispatch

@@ -26,11 +26,11 @@ impl PluginParams for LeastCachedParams {
 }
 
 /// Least cached: `2^-r` where `r` is the number of candidates the gateway placed fewer blocks
-/// on ([`Candidate::placed_blocks`]): the emptiest cache scores 1, equal caches
-/// score the same. Policy mode's counterpart of the
-/// layered mode's least-cached layer: with a small weight it decides where a prompt no
-/// instance holds goes (a new tenant, a one-shot), so that cold prompts fill the emptiest
-/// caches; the affinity and prefix plugins outweigh it for a prompt that is cached somewhere.
+/// on ([`Candidate::placed_blocks`]): the emptiest cache scores 1, equal caches score the same.
+/// Policy mode's counterpart of the layered mode's least-cached layer: with a small weight it
+/// decides where a prompt no instance holds goes (a new tenant, a one-shot), so that cold
+/// prompts fill the emptiest caches; the affinity and prefix plugins outweigh it for a prompt
+/// that is cached somewhere.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LeastCachedScorer;
 
