@@ -68,6 +68,32 @@ impl Default for CostConfig {
     }
 }
 
+impl CostConfig {
+    /// The fleet's prefill rate for an instance without `min_samples` of its own: the mean
+    /// of `learned`'s instances that have them, else the prior.
+    fn fleet_rate<'a>(&self, learned: impl Iterator<Item = &'a Learned>) -> (f64, RateFrom) {
+        let (sum, n) = learned
+            .filter(|l| l.prefill_samples >= self.min_samples)
+            .fold((0.0, 0u32), |(s, n), l| (s + l.prefill_tps, n + 1));
+        if n > 0 {
+            (sum / f64::from(n), RateFrom::Fleet)
+        } else {
+            (self.prior_prefill_tps, RateFrom::Prior)
+        }
+    }
+
+    /// An instance's prefill rate, tokens/s (at least 1): its own once it has `min_samples`,
+    /// else `fleet` ([`Self::fleet_rate`]).
+    fn rate(&self, l: &Learned, fleet: (f64, RateFrom)) -> (f64, RateFrom) {
+        let (tps, from) = if l.prefill_samples >= self.min_samples {
+            (l.prefill_tps, RateFrom::Own)
+        } else {
+            fleet
+        };
+        (tps.max(1.0), from)
+    }
+}
+
 /// What one instance taught the model so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Learned {
@@ -354,23 +380,14 @@ impl CostModel {
     }
 
     /// `key`'s prefill rate, tokens/s: its own once it has `min_samples`, else the mean of
-    /// the instances that have them, else the prior.
+    /// the instances that have them, else the prior (the rule of [`Self::estimate_all`], with
+    /// every instance the model knows as the fleet).
     pub fn prefill_tps(&self, key: InstanceKey) -> f64 {
         let cfg = self.cfg.read();
         let map = self.learned.read();
-        let learned = |l: &Learned| l.prefill_samples >= cfg.min_samples;
-        if let Some(l) = map.get(&key).filter(|l| learned(l)) {
-            return l.prefill_tps.max(1.0);
-        }
-        let (sum, n) = map
-            .values()
-            .filter(|l| learned(l))
-            .fold((0.0, 0u32), |(s, n), l| (s + l.prefill_tps, n + 1));
-        if n > 0 {
-            (sum / f64::from(n)).max(1.0)
-        } else {
-            cfg.prior_prefill_tps.max(1.0)
-        }
+        let fleet = cfg.fleet_rate(map.values());
+        cfg.rate(&map.get(&key).copied().unwrap_or_default(), fleet)
+            .0
     }
 
     /// Learns from one routing decision: its request of `prompt_tokens` went where
@@ -473,21 +490,7 @@ impl CostModel {
         let cfg = self.cfg.read();
         let map = self.learned.read();
         // The fleet's rate for instances without enough samples of their own.
-        let (mut sum, mut n) = (0.0, 0u32);
-        for c in cands {
-            if let Some(l) = map
-                .get(&c.key)
-                .filter(|l| l.prefill_samples >= cfg.min_samples)
-            {
-                sum += l.prefill_tps;
-                n += 1;
-            }
-        }
-        let (fleet_tps, fleet_from) = if n > 0 {
-            (sum / f64::from(n), RateFrom::Fleet)
-        } else {
-            (cfg.prior_prefill_tps, RateFrom::Prior)
-        };
+        let fleet = cfg.fleet_rate(cands.iter().filter_map(|c| map.get(&c.key)));
         // The size of a request someone else queued: the mean this model saw, else this one's.
         let mean_uncached = match self.mean_uncached_milli.load(Relaxed) as f64 / 1000.0 {
             m if m > 0.0 => m,
@@ -497,12 +500,7 @@ impl CostModel {
         let follow_tokens = follow.followers() * follow.warm_uncached;
         for (e, c) in out.iter_mut().zip(cands) {
             let l = map.get(&c.key).copied().unwrap_or_default();
-            let (tps, tps_from) = if l.prefill_samples >= cfg.min_samples {
-                (l.prefill_tps, RateFrom::Own)
-            } else {
-                (fleet_tps, fleet_from)
-            };
-            let tps = tps.max(1.0);
+            let (tps, tps_from) = cfg.rate(&l, fleet);
             let step = if l.step_samples > 0 {
                 l.step_ms
             } else {
