@@ -106,6 +106,10 @@ CHECKS = {
     "few-4k-agents-all-overload": ("few", "4k", "agents", 1.0, 0.1, "all", "overload", "4eq", "serial"),
     # short prompts, tiny caches, moderate load, mixed engines
     "many-1k-agents-fifth-moderate-mixed": ("many", "1k", "agents", 1.0, 0.25, "fifth", "moderate", "4mixed", "serial"),
+    # API traffic: nine requests in ten are one-shot prompts, no session header, 8 engines
+    "many-4k-oneshots-half-high-8eq-chunked": ("many", "4k", "people", 0.0, 0.9, "half", "high", "8eq", "chunked"),
+    # the hardest corner: 12k prompts, small caches, overload, engines of two speeds
+    "few-12k-agents-fifth-overload-mixed": ("few", "12k", "agents", 1.0, 0.1, "fifth", "overload", "4mixed", "serial"),
 }
 ALL = {**CELLS, **CAPACITY, **CHECKS}
 # The axis names, for the page.
