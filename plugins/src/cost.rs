@@ -84,11 +84,10 @@ impl CostConfig {
 
     /// An instance's prefill rate, tokens/s (at least 1): its own once it has `min_samples`,
     /// else `fleet` ([`Self::fleet_rate`]).
-    fn rate(&self, l: &Learned, fleet: (f64, RateFrom)) -> (f64, RateFrom) {
-        let (tps, from) = if l.prefill_samples >= self.min_samples {
-            (l.prefill_tps, RateFrom::Own)
-        } else {
-            fleet
+    fn rate(&self, l: Option<&Learned>, fleet: (f64, RateFrom)) -> (f64, RateFrom) {
+        let (tps, from) = match l.filter(|l| l.prefill_samples >= self.min_samples) {
+            Some(l) => (l.prefill_tps, RateFrom::Own),
+            None => fleet,
         };
         (tps.max(1.0), from)
     }
@@ -386,8 +385,7 @@ impl CostModel {
         let cfg = self.cfg.read();
         let map = self.learned.read();
         let fleet = cfg.fleet_rate(map.values());
-        cfg.rate(&map.get(&key).copied().unwrap_or_default(), fleet)
-            .0
+        cfg.rate(map.get(&key), fleet).0
     }
 
     /// Learns from one routing decision: its request of `prompt_tokens` went where
@@ -500,7 +498,7 @@ impl CostModel {
         let follow_tokens = follow.followers() * follow.warm_uncached;
         for (e, c) in out.iter_mut().zip(cands) {
             let l = map.get(&c.key).copied().unwrap_or_default();
-            let (tps, tps_from) = cfg.rate(&l, fleet);
+            let (tps, tps_from) = cfg.rate(map.get(&c.key), fleet);
             let step = if l.step_samples > 0 {
                 l.step_ms
             } else {

@@ -178,10 +178,14 @@ fn rates_are_learned_per_instance_and_new_instances_get_the_fleets() {
     };
     assert!(said(&e[0]).contains("@1.0k/s)"), "{}", said(&e[0]));
     assert!(said(&e[1]).contains("@1.0k/s fleet)"), "{}", said(&e[1]));
+    // The engine queue's own-prefill prediction reads the same rule.
+    assert!((m.prefill_tps(InstanceKey(1)) - 1000.0).abs() < 1.0);
+    assert!((m.prefill_tps(InstanceKey(2)) - 1000.0).abs() < 1.0);
     // Before any instance has its own, every one runs on the prior and says so.
     let fresh = model(8000.0, 10.0);
     let e = est(&fresh, &req(1000), &[cand(1, 0)]);
     assert!(said(&e[0]).contains("@8.0k/s prior)"), "{}", said(&e[0]));
+    assert_eq!(fresh.prefill_tps(InstanceKey(1)), 8000.0);
 }
 
 #[test]
