@@ -497,8 +497,9 @@ impl CostModel {
         let follow = self.follow();
         let follow_tokens = follow.followers() * follow.warm_uncached;
         for (e, c) in out.iter_mut().zip(cands) {
-            let l = map.get(&c.key).copied().unwrap_or_default();
-            let (tps, tps_from) = cfg.rate(map.get(&c.key), fleet);
+            let known = map.get(&c.key);
+            let l = known.copied().unwrap_or_default();
+            let (tps, tps_from) = cfg.rate(known, fleet);
             let step = if l.step_samples > 0 {
                 l.step_ms
             } else {
