@@ -796,6 +796,110 @@ async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_
     assert_eq!(held_now, 0.0);
 }
 
+/// A request held for a saturated instance moves when another instance of its service frees
+/// with nobody held there and starting there costs less than waiting (`engine_queue: {hold:
+/// true}`): one session (strict affinity) sends three long cold prompts to its instance; the
+/// first prefills there, two are held; a short request of another session then passes
+/// through the other instance, and at its first token a held prompt moves there (`moved(…)`
+/// in its reason; without the move all three are answered at home). Nothing is left counted
+/// anywhere afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_request_moves_to_an_instance_that_frees() {
+    let fleet = sim_fleet(
+        2,
+        engine_sim::SimConfig {
+            time_scale: 1.0,
+            prefill_tps: 2000.0,
+            ..Default::default()
+        },
+    )
+    .await;
+    let gw = GatewayProc::start(&format!(
+        "cost_model: {{prior_prefill_tokens_per_second: 1000}}\nservices:\n  - name: m\n    scheduler: {{mode: layered, affinity: {{mode: strict}}}}\n    engine_queue: {{hold: true, min_queued: 0s}}\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    let url = gw.url("/v1/chat/completions");
+    let send = |session: String, body: serde_json::Value| {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let r = c
+                .post(url)
+                .header("x-session-id", session)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let (inst, reason) = routed(&r);
+            r.bytes().await.unwrap();
+            (inst, reason)
+        }
+    };
+    // A session on each instance (a new session's cold prompt goes to the emptier cache).
+    let (home, _) = send("a".into(), chat(&words("a", 20), "hi", 1, true)).await;
+    let mut other = None;
+    for k in 0..8 {
+        let s = format!("b{k}");
+        let (inst, _) = send(s.clone(), chat(&words(&s, 20), "hi", 1, true)).await;
+        if inst != home {
+            other = Some((s, inst));
+            break;
+        }
+    }
+    let (other_session, other_inst) = other.expect("a session on the other instance");
+    // Three long cold prompts of session a: one prefills at its instance, two are held.
+    let mut tasks = Vec::new();
+    for label in ["long1", "long2", "long3"] {
+        let body = chat(&words(label, 1500), "go", 1, true);
+        tasks.push(tokio::spawn(send("a".into(), body)));
+    }
+    let held = format!("tokengate_held_requests{{instance=\"{home}\"}}");
+    eventually("two requests held at the session's instance", || async {
+        metric(&gw.metrics().await, &held) == Some(2.0)
+    })
+    .await;
+    // A short request through the other instance: at its first token that instance has room
+    // and nobody held.
+    let (inst, _) = send(
+        other_session.clone(),
+        chat(&words(&other_session, 20), "again", 1, true),
+    )
+    .await;
+    assert_eq!(inst, other_inst);
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(tokio::time::timeout(DEADLINE, t).await.unwrap().unwrap());
+    }
+    let moved: Vec<_> = answers
+        .iter()
+        .filter(|(_, reason)| reason.starts_with(&format!("moved({home})+")))
+        .collect();
+    // One moves at the short request's first token (the place it takes leaves no room for
+    // the other); the other may follow at the moved one's first token if it is still held.
+    assert!(!moved.is_empty(), "a held prompt moves: {answers:?}");
+    assert!(
+        moved.iter().all(|(inst, _)| *inst == other_inst),
+        "{answers:?}"
+    );
+    let stayed = answers.iter().filter(|(inst, _)| *inst == home).count();
+    assert_eq!(
+        stayed + moved.len(),
+        3,
+        "the rest answered at home: {answers:?}"
+    );
+    // Nothing left counted: no load, nobody held.
+    eventually("every load given back", || async {
+        let v = gw.instances().await;
+        v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["inflight_requests"] == 0 && i["held"] == 0)
+    })
+    .await;
+}
+
 /// The debug line names whose prefill rate each estimate uses: the prior before anything is
 /// learned, and never the prior again once an instance has answered a few prefills with
 /// nothing queued ahead (an instance still short of samples then borrows the fleet's mean;
