@@ -13,15 +13,12 @@
 //! The key is a virtual finish time: a short request overtakes a long one that arrived less
 //! than the long one's own prefill before it, so a long prompt is delayed by the short work
 //! arriving during its own prefill (about utilization × its own prefill), never starved. The
-//! placement stands — the scheduler chose the instance at arrival and the request's load
-//! counts there while it waits, so the queue figures the scheduler compares are the same —,
-//! only the order in which the engine receives its queue changes; except that when another
-//! instance of the service gets room with nobody held there, it signals the service
-//! ([`EngineQueue::enter`]'s `fleet`) and a held request whose wait ([`Probe::wait_ms`])
-//! costs more than starting there moves ([`EngineQueue::claim`]; the rule is the caller's,
-//! `request::slot`). Below saturation nothing is held: with fewer than `depth` sent, or less
-//! than `min_queued` of predicted prefill sent, a request goes at once (an engine that
-//! batches prefills keeps a batch's worth).
+//! placement is unchanged — the scheduler chose the instance at arrival and the request's
+//! load counts there while it waits, so the queue figures the scheduler compares are the
+//! same —, only the order in which the engine receives its queue changes. Below saturation
+//! nothing is held: with fewer than `depth` sent, or less than `min_queued` of predicted
+//! prefill sent, a request goes at once (an engine that batches prefills keeps a batch's
+//! worth).
 //!
 //! Only streamed requests go through it (the caller's choice): a non-stream answer's first
 //! token is its last, so its slot would be held through its whole decode.
@@ -88,9 +85,6 @@ struct Inner {
     next_id: u64,
     /// The settings of the last request that entered (a reload changes them).
     settings: Settings,
-    /// The service's signal that one of its instances has room and nobody held (the last
-    /// request that entered gave it): requests held elsewhere may move here ([`Probe::wait_ms`]).
-    fleet: Option<Arc<Notify>>,
 }
 
 #[derive(Debug)]
@@ -126,23 +120,6 @@ impl Inner {
             self.sent_tokens = 0;
         }
         self.pump();
-        if self.settings.hold && self.held.is_empty() && self.has_room() {
-            if let Some(f) = &self.fleet {
-                f.notify_waiters();
-            }
-        }
-    }
-
-    /// The predicted prefill ahead of held request `id` and its own, ms (`None`: not held).
-    fn wait_ms(&self, id: u64) -> Option<f64> {
-        let me = self.held.iter().find(|h| h.id == id)?;
-        let ahead: f64 = self
-            .held
-            .iter()
-            .filter(|h| h.key.total_cmp(&me.key).then(h.id.cmp(&id)).is_lt())
-            .map(|h| h.own_ms)
-            .sum();
-        Some(self.sent_ms + ahead + me.own_ms)
     }
 
     /// Sends the held requests with the smallest keys while there is room.
@@ -228,36 +205,6 @@ impl Waiter {
     pub fn held(&self) -> usize {
         self.queue.held()
     }
-
-    /// Its place here, to ask while it waits ([`Probe::wait_ms`]).
-    pub fn probe(&self) -> Probe {
-        Probe {
-            queue: self.queue.clone(),
-            id: self.id,
-            since: self.since,
-        }
-    }
-}
-
-/// A held request's place, asked while [`Waiter::sent`] waits.
-#[derive(Debug)]
-pub struct Probe {
-    queue: Arc<EngineQueue>,
-    id: u64,
-    since: std::time::Instant,
-}
-
-impl Probe {
-    /// What the request waits for here from now, ms: the predicted prefill sent ahead of it,
-    /// that of the held requests whose turn comes first, and its own (`None`: it was sent).
-    pub fn wait_ms(&self) -> Option<f64> {
-        self.queue.inner.lock().wait_ms(self.id)
-    }
-
-    /// How long it has been held.
-    pub fn held_for(&self) -> Duration {
-        self.since.elapsed()
-    }
 }
 
 impl Drop for Waiter {
@@ -275,15 +222,6 @@ impl Drop for Waiter {
     }
 }
 
-/// A prediction as a duration in ms (0 when it is not a finite positive number).
-fn finite(ms: f64) -> f64 {
-    if ms.is_finite() {
-        ms.max(0.0)
-    } else {
-        0.0
-    }
-}
-
 /// What [`EngineQueue::enter`] gives: sent at once, or held.
 #[derive(Debug)]
 pub enum Entry {
@@ -295,28 +233,30 @@ impl EngineQueue {
     /// A request of `own_ms` predicted prefill (`tokens` uncached tokens) arriving at
     /// `now_ms`: sent at once when the instance has room and nobody is held, else held with
     /// the key `now_ms + own_ms`.
-    /// `fleet` is the service's signal that one of its instances has room and nobody held.
-    pub fn enter(
-        self: &Arc<Self>,
-        st: Settings,
-        own_ms: f64,
-        tokens: u64,
-        now_ms: u64,
-        fleet: &Arc<Notify>,
-    ) -> Entry {
-        let own_ms = finite(own_ms);
+    pub fn enter(self: &Arc<Self>, st: Settings, own_ms: f64, tokens: u64, now_ms: u64) -> Entry {
+        let own_ms = if own_ms.is_finite() {
+            own_ms.max(0.0)
+        } else {
+            0.0
+        };
         let mut q = self.inner.lock();
         let changed = q.settings != st;
         q.settings = st;
-        if !q.fleet.as_ref().is_some_and(|f| Arc::ptr_eq(f, fleet)) {
-            q.fleet = Some(fleet.clone());
-        }
         if changed {
             // Looser settings (a reload): the held may go now.
             q.pump();
         }
-        if let Some(slot) = self.send_now(&mut q, own_ms, tokens) {
-            return Entry::Sent(slot);
+        if q.held.is_empty() && q.has_room() {
+            let ahead = q.sent_tokens;
+            q.send(own_ms, tokens);
+            return Entry::Sent(Slot {
+                queue: self.clone(),
+                own_ms,
+                tokens,
+                ahead_tokens: ahead,
+                held: Duration::ZERO,
+                live: true,
+            });
         }
         q.next_id += 1;
         let id = q.next_id;
@@ -344,42 +284,6 @@ impl EngineQueue {
             since: std::time::Instant::now(),
             done: false,
         })
-    }
-
-    /// Sent at once when the instance has room and nobody is held.
-    fn send_now(self: &Arc<Self>, q: &mut Inner, own_ms: f64, tokens: u64) -> Option<Slot> {
-        if !(q.held.is_empty() && q.has_room()) {
-            return None;
-        }
-        let ahead = q.sent_tokens;
-        q.send(own_ms, tokens);
-        Some(Slot {
-            queue: self.clone(),
-            own_ms,
-            tokens,
-            ahead_tokens: ahead,
-            held: Duration::ZERO,
-            live: true,
-        })
-    }
-
-    /// The predicted prefill sent here, ms, when the instance has room and nobody is held
-    /// (a request held elsewhere may move here), else `None`.
-    pub fn room(&self) -> Option<f64> {
-        let q = self.inner.lock();
-        (q.settings.hold && q.held.is_empty() && q.has_room()).then_some(q.sent_ms)
-    }
-
-    /// A request held elsewhere moves here: sent at once if there is still room and nobody
-    /// held (else `None`: another took the room first). `held` is how long it was held.
-    pub fn claim(self: &Arc<Self>, own_ms: f64, tokens: u64, held: Duration) -> Option<Slot> {
-        let mut q = self.inner.lock();
-        if !q.settings.hold {
-            return None;
-        }
-        let mut slot = self.send_now(&mut q, finite(own_ms), tokens)?;
-        slot.held = held;
-        Some(slot)
     }
 
     /// Requests held here.
@@ -422,17 +326,16 @@ mod tests {
     #[tokio::test]
     async fn a_saturated_engine_gets_the_shortest_virtual_finish_first() {
         let q = Arc::new(EngineQueue::default());
-        let fl = Arc::new(Notify::new());
-        let mut a = sent(q.enter(st(), 1000.0, 4000, 0, &fl));
-        let _b = sent(q.enter(st(), 1000.0, 4000, 0, &fl));
+        let mut a = sent(q.enter(st(), 1000.0, 4000, 0));
+        let _b = sent(q.enter(st(), 1000.0, 4000, 0));
         // Two sent: the next are held, each keyed by arrival + own prefill. Cold prompts at
         // t=100 (key 3,100) and 300 (3,300); warm turns at 200 (300), 2,500 (2,600) and
         // 3,250 (3,350: the cold prompts have waited their own prefill by then, they go first).
-        let cold1 = held(q.enter(st(), 3000.0, 12000, 100, &fl));
-        let warm1 = held(q.enter(st(), 100.0, 400, 200, &fl));
-        let cold2 = held(q.enter(st(), 3000.0, 12000, 300, &fl));
-        let warm2 = held(q.enter(st(), 100.0, 400, 2500, &fl));
-        let warm3 = held(q.enter(st(), 100.0, 400, 3250, &fl));
+        let cold1 = held(q.enter(st(), 3000.0, 12000, 100));
+        let warm1 = held(q.enter(st(), 100.0, 400, 200));
+        let cold2 = held(q.enter(st(), 3000.0, 12000, 300));
+        let warm2 = held(q.enter(st(), 100.0, 400, 2500));
+        let warm3 = held(q.enter(st(), 100.0, 400, 3250));
         assert_eq!(q.held(), 5);
         let wait = |w: Waiter| async move {
             tokio::time::timeout(Duration::from_secs(5), w.sent())
@@ -463,23 +366,22 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_held_below_the_depth_or_the_queued_floor_and_leaving_frees_the_place() {
         let q = Arc::new(EngineQueue::default());
-        let fl = Arc::new(Notify::new());
         let floor = Settings {
             hold: true,
             depth: 2,
             min_queued_ms: 250.0,
         };
         // Short prompts: two sent are only 200 ms of prefill, below the floor: a third goes.
-        let a = sent(q.enter(floor, 100.0, 400, 0, &fl));
-        let b = sent(q.enter(floor, 100.0, 400, 0, &fl));
-        let c = sent(q.enter(floor, 100.0, 400, 0, &fl));
+        let a = sent(q.enter(floor, 100.0, 400, 0));
+        let b = sent(q.enter(floor, 100.0, 400, 0));
+        let c = sent(q.enter(floor, 100.0, 400, 0));
         assert_eq!(q.sent(), 3);
-        let w = held(q.enter(floor, 100.0, 400, 0, &fl));
+        let w = held(q.enter(floor, 100.0, 400, 0));
         // A waiter that leaves takes itself out; one sent while leaving gives its place on.
         drop(w);
         assert_eq!(q.held(), 0);
-        let w2 = held(q.enter(floor, 100.0, 400, 0, &fl));
-        let w3 = held(q.enter(floor, 100.0, 400, 1, &fl));
+        let w2 = held(q.enter(floor, 100.0, 400, 0));
+        let w3 = held(q.enter(floor, 100.0, 400, 1));
         drop(a); // w2 is sent...
         drop(w2); // ...and leaves before it saw it: w3 goes.
         let s3 = tokio::time::timeout(Duration::from_secs(5), w3.sent())
@@ -492,64 +394,9 @@ mod tests {
             hold: false,
             ..floor
         };
-        let all: Vec<Slot> = (0..10)
-            .map(|_| sent(q.enter(off, 1e4, 1, 0, &fl)))
-            .collect();
+        let all: Vec<Slot> = (0..10).map(|_| sent(q.enter(off, 1e4, 1, 0))).collect();
         assert_eq!(q.sent(), 10);
         drop(all);
         assert_eq!(q.sent(), 0);
-    }
-
-    #[tokio::test]
-    async fn an_instance_that_frees_with_nobody_held_signals_and_a_held_request_may_move_there() {
-        let one = Settings {
-            hold: true,
-            depth: 1,
-            min_queued_ms: 0.0,
-        };
-        let fl = Arc::new(Notify::new());
-        let (a, b) = (
-            Arc::new(EngineQueue::default()),
-            Arc::new(EngineQueue::default()),
-        );
-        // A: one sent (1 s predicted), two held; what each still waits for there.
-        let sent_a = sent(a.enter(one, 1000.0, 4000, 0, &fl));
-        let w1 = held(a.enter(one, 500.0, 2000, 10, &fl));
-        let w2 = held(a.enter(one, 300.0, 1200, 300, &fl));
-        let (p1, p2) = (w1.probe(), w2.probe());
-        assert_eq!(p1.wait_ms(), Some(1500.0));
-        assert_eq!(p2.wait_ms(), Some(1800.0), "behind the sent one and w1");
-        // B: busy, no room; its first token frees it with nobody held: the service hears it.
-        let sent_b = sent(b.enter(one, 800.0, 3000, 0, &fl));
-        assert_eq!(b.room(), None);
-        let signal = fl.notified();
-        tokio::pin!(signal);
-        signal.as_mut().enable();
-        drop(sent_b);
-        tokio::time::timeout(Duration::from_secs(5), signal)
-            .await
-            .expect("a freed instance signals");
-        assert_eq!(b.room(), Some(0.0));
-        // w2 moves: B's place is taken at once (a second claim finds none), it leaves A.
-        let moved = b
-            .claim(600.0, 1200, Duration::from_millis(7))
-            .expect("room");
-        assert_eq!(
-            (moved.held, moved.ahead_tokens),
-            (Duration::from_millis(7), 0)
-        );
-        assert!(b.claim(10.0, 10, Duration::ZERO).is_none(), "taken");
-        drop(w2);
-        assert_eq!((a.held(), p2.wait_ms()), (1, None));
-        // A's own turn order is unchanged: w1 goes at the first token there.
-        drop(sent_a);
-        let s1 = tokio::time::timeout(Duration::from_secs(5), w1.sent())
-            .await
-            .expect("sent");
-        assert_eq!(p1.wait_ms(), None, "sent");
-        // Nothing held: a queue that never held (or `hold: false`) offers no room to move to.
-        assert_eq!(EngineQueue::default().room(), None);
-        drop((s1, moved));
-        assert_eq!((a.sent(), b.sent(), a.held()), (0, 0, 0));
     }
 }

@@ -584,19 +584,6 @@ impl CostModel {
         share_by_inflight(cands, out);
     }
 
-    /// The queueing factor of `key`'s prefill as last sampled: ρ / (1 − ρ) at its
-    /// utilization ρ (capped at [`RHO_CAP`]), so that own × it is
-    /// [`Estimate::queue_cost_ms`]; 0 for an instance never sampled.
-    pub fn queue_factor(&self, key: InstanceKey) -> f64 {
-        let r = self
-            .busy
-            .lock()
-            .get(&key)
-            .map_or(0.0, |(r, _)| *r)
-            .clamp(0.0, RHO_CAP);
-        r / (1.0 - r)
-    }
-
     /// Every instance's learned figures (for `/admin`).
     pub fn snapshot(&self) -> Vec<(InstanceKey, Learned)> {
         let mut v: Vec<_> = self.learned.read().iter().map(|(k, l)| (*k, *l)).collect();

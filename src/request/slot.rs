@@ -181,78 +181,9 @@ pub async fn take(
     plan: &Plan,
     tried: &[InstanceKey],
 ) -> Result<Result<Legs, Denied>> {
-    let legs = match take_slot(shared, &mut asker, plan, tried).await? {
-        Ok(legs) => legs,
-        Err(d) => return Ok(Err(d)),
-    };
-    match hold(&mut asker, plan, legs, tried, true).await? {
-        Held::Go(legs) => Ok(Ok(legs)),
-        Held::Move(m) => moved(shared, &mut asker, plan, tried, m).await,
-    }
-}
-
-/// How a main leg leaves [`hold`].
-enum Held {
-    /// Sent to its instance (at once, or at its turn).
-    Go(Legs),
-    /// Moved while held: another instance of its service had room and nobody held, and
-    /// starting there cost less than what it still had to wait for ([`elsewhere`]). Its
-    /// place there is taken; its legs are given up (the load moves with it).
-    Move(Move),
-}
-
-struct Move {
-    to: std::sync::Arc<crate::runtime::Instance>,
-    slot: crate::engine_queue::Slot,
-    from: String,
-    /// What it still had to wait for, and the move's cost, ms.
-    stay_ms: f64,
-    move_ms: f64,
-}
-
-/// The request placed again on the instance it moves to (the pipeline run with every other
-/// instance of the service excluded, so its leg, load and session binding are made as for
-/// any request). If that instance cannot take it after all (throttled, gone meanwhile), it
-/// is placed again like a new request, and not moved a second time.
-async fn moved(
-    shared: &Shared,
-    asker: &mut Asker<'_>,
-    plan: &Plan,
-    tried: &[InstanceKey],
-    m: Move,
-) -> Result<Result<Legs, Denied>> {
-    if let Dest::Service(s) = &plan.dest {
-        let others = s.instances.iter().map(|i| i.key).filter(|k| *k != m.to.key);
-        let excluded: Vec<InstanceKey> = tried.iter().copied().chain(others).collect();
-        if let Ok(mut legs) = super::cluster::pick(shared, plan, asker.headers(), &excluded).await {
-            if let Some(leg) = legs.first_mut() {
-                if let Some(l) = leg.local_mut().filter(|l| l.instance.key == m.to.key) {
-                    l.queued_ahead = m.slot.ahead_tokens;
-                    let held = m.slot.held.as_millis();
-                    l.sent = Some(m.slot);
-                    leg.reason = format!("moved({})+{}", m.from, leg.reason).into();
-                    if let Some(x) = leg.explain.as_mut() {
-                        use std::fmt::Write;
-                        let _ = write!(
-                            x,
-                            " held={held}ms at {} then moved (wait there {:.0}ms vs {:.0}ms here)",
-                            m.from, m.stay_ms, m.move_ms
-                        );
-                    }
-                    return Ok(Ok(legs));
-                }
-            }
-        }
-    }
-    drop(m.slot);
-    let legs = match take_slot(shared, asker, plan, tried).await? {
-        Ok(legs) => legs,
-        Err(d) => return Ok(Err(d)),
-    };
-    match hold(asker, plan, legs, tried, false).await? {
-        Held::Go(legs) => Ok(Ok(legs)),
-        // (Not asked to move, it does not.)
-        Held::Move(m) => Box::pin(moved(shared, asker, plan, tried, m)).await,
+    match take_slot(shared, &mut asker, plan, tried).await? {
+        Ok(legs) => Ok(Ok(hold(&mut asker, plan, legs).await?)),
+        Err(d) => Ok(Err(d)),
     }
 }
 
@@ -276,22 +207,14 @@ fn client_left(when: &'static str) -> Box<Error> {
 
 /// The main leg waits for its turn at its instance while the instance is saturated
 /// (`services[].engine_queue`, [`crate::engine_queue`]): held with the key arrival + its
-/// predicted prefill there, sent when its turn comes — or, when another instance of its
-/// service frees with nobody held there and starting there costs less than waiting
-/// ([`elsewhere`]; `may_move`), moved. `Err` only when the client left.
-async fn hold(
-    asker: &mut Asker<'_>,
-    plan: &Plan,
-    mut legs: Legs,
-    tried: &[InstanceKey],
-    may_move: bool,
-) -> Result<Held> {
+/// predicted prefill there, sent when its turn comes. `Err` only when the client left.
+async fn hold(asker: &mut Asker<'_>, plan: &Plan, mut legs: Legs) -> Result<Legs> {
     use crate::engine_queue::Entry;
     let Some(leg) = legs.first_mut() else {
-        return Ok(Held::Go(legs));
+        return Ok(legs);
     };
     let Some(l) = leg.local_mut() else {
-        return Ok(Held::Go(legs));
+        return Ok(legs);
     };
     let st = l.service.engine_queue;
     // A non-stream answer's first token is its last: the gateway cannot see when its prefill
@@ -302,23 +225,21 @@ async fn hold(
         || l.service.pd.is_some()
         || l.instance.role != tokengate_plugins::Role::Integrated
     {
-        return Ok(Held::Go(legs));
+        return Ok(legs);
     }
     let tps = plan.runtime.cost.prefill_tps(l.instance.key);
     let own_ms = l.uncached_tokens as f64 * 1000.0 / tps;
-    let room = l.service.room.clone();
-    let waiter =
-        match l
-            .instance
-            .queue
-            .enter(st, own_ms, l.uncached_tokens, crate::clock::now_ms(), &room)
-        {
-            Entry::Sent(slot) => {
-                l.sent = Some(slot);
-                return Ok(Held::Go(legs));
-            }
-            Entry::Held(w) => w,
-        };
+    let waiter = match l
+        .instance
+        .queue
+        .enter(st, own_ms, l.uncached_tokens, crate::clock::now_ms())
+    {
+        Entry::Sent(slot) => {
+            l.sent = Some(slot);
+            return Ok(legs);
+        }
+        Entry::Held(w) => w,
+    };
     // The index learns where the prompt goes now, not when it is sent: the next request
     // sharing its prefix (another session of its tenant) follows it instead of being placed
     // as cold elsewhere while it waits.
@@ -326,8 +247,6 @@ async fn hold(
         .index
         .insert(&plan.blocks, l.instance.key, crate::clock::now_ms());
     let behind = waiter.held();
-    let probe = waiter.probe();
-    let may_move = may_move && matches!(plan.dest, Dest::Service(_));
     let turn = waiter.sent();
     tokio::pin!(turn);
     let mut watch = matches!(asker, Asker::Client(_));
@@ -339,12 +258,6 @@ async fn hold(
                     return Err(client_left("while held for its instance"));
                 }
                 watch = false;
-            }
-            _ = room.notified(), if may_move => {
-                let Some(stay_ms) = probe.wait_ms() else { continue };
-                if let Some(m) = elsewhere(plan, l, tried, stay_ms, probe.held_for()) {
-                    return Ok(Held::Move(m));
-                }
             }
         }
     };
@@ -363,84 +276,7 @@ async fn hold(
     if let Some(l) = leg.local_mut() {
         l.sent = Some(slot);
     }
-    Ok(Held::Go(legs))
-}
-
-/// Where a request held at `l`'s instance, still `stay_ms` from being sent there, would
-/// start sooner — the stay-or-move rule again at release, with what the instances look like
-/// now: among the other available instances of its service that have room and nobody held,
-/// the one where
-///
-/// ```text
-///   move = (prefill sent there) + own + q + copy      own: its uncached tokens there at that rate
-///   stay = stay_ms + q(here)                          q(i) = own(i) × ρ(i) / (1 − ρ(i))
-/// ```
-///
-/// is least, if less than `stay`. `q` is the delay its prefill adds for the requests that
-/// arrive behind it (the instance's prefill utilization ρ: in a saturated fleet a
-/// recomputation costs many times over anywhere, so only cheap moves happen); `copy` the
-/// tokens its instance holds that the other lacks, at the other's rate (what the move evicts
-/// there). Its place there is taken at once, and the prefix index forgets the prompt at its
-/// instance (learned when it was held).
-///
-/// Without `q` (matrix run 25, the two overloaded cells, nine seeds) moves cost 0.9 cached
-/// points and 14 % on p50 per seed: sessions left with their whole history recomputed.
-fn elsewhere(
-    plan: &Plan,
-    l: &super::LocalLeg,
-    tried: &[InstanceKey],
-    stay_ms: f64,
-    held: Duration,
-) -> Option<Move> {
-    let now = crate::clock::now_ms();
-    let open: Vec<(&std::sync::Arc<crate::runtime::Instance>, f64)> = l
-        .service
-        .instances
-        .iter()
-        .filter(|b| {
-            b.key != l.instance.key
-                && b.role == tokengate_plugins::Role::Integrated
-                && !tried.contains(&b.key)
-                && b.health.available(now)
-        })
-        .filter_map(|b| b.queue.room().map(|sent_ms| (b, sent_ms)))
-        .collect();
-    if open.is_empty() {
-        return None;
-    }
-    let m = l.service.index.match_prefix(&plan.blocks, now);
-    let cost = &plan.runtime.cost;
-    let own_here = l.uncached_tokens as f64 * 1000.0 / cost.prefill_tps(l.instance.key);
-    let bt = plan.runtime.block_tokens as u64;
-    let prompt = plan.info.prompt_tokens_est;
-    let (b, tokens, own_ms, move_ms) = open
-        .into_iter()
-        .map(|(b, sent_ms)| {
-            let tokens = prompt.saturating_sub(u64::from(m.matched(b.key)) * bt);
-            let ms_per_token = 1000.0 / cost.prefill_tps(b.key);
-            let own = tokens as f64 * ms_per_token;
-            let copy = tokens.saturating_sub(l.uncached_tokens) as f64 * ms_per_token;
-            let q = own * cost.queue_factor(b.key);
-            (b, tokens, own, sent_ms + own + q + copy)
-        })
-        .min_by(|x, y| x.3.total_cmp(&y.3))?;
-    let stay_ms = stay_ms + own_here * cost.queue_factor(l.instance.key);
-    if move_ms >= stay_ms {
-        return None;
-    }
-    let slot = b.queue.claim(own_ms, tokens, held)?;
-    // The index learned the prompt at its instance when it was held there: no longer so
-    // (what it held before stays).
-    l.service
-        .index
-        .trim(&plan.blocks, l.instance.key, l.prefix.matched as usize);
-    Some(Move {
-        to: b.clone(),
-        slot,
-        from: l.instance.id.clone(),
-        stay_ms,
-        move_ms,
-    })
+    Ok(legs)
 }
 
 /// [`take`] without the hold.

@@ -37,9 +37,6 @@ pub struct Service {
     pub throttle: Option<Arc<Throttle>>,
     /// When a saturated instance's requests are held here (`engine_queue`).
     pub engine_queue: crate::engine_queue::Settings,
-    /// Signalled when one of its instances has room and nobody held there: a request held
-    /// at another may move ([`crate::engine_queue`]; kept across reloads).
-    pub room: Arc<tokio::sync::Notify>,
     /// Prefill/decode disaggregation: `sched` picks the prefill instance, this the decode one.
     pub pd: Option<Pd>,
     /// HTTP client towards the instances with the service's TLS settings (health checks,
@@ -161,7 +158,6 @@ impl Service {
             output: prev.map(|p| p.output.clone()).unwrap_or_default(),
             throttle,
             engine_queue: s.engine_queue(),
-            room: prev.map(|p| p.room.clone()).unwrap_or_default(),
             pd: s.pd.as_ref().map(|pd| Pd {
                 mode: pd.mode,
                 decode_policy: pd.decode_policy,
