@@ -18,7 +18,9 @@
 //! same —, only the order in which the engine receives its queue changes. Below saturation
 //! nothing is held: with fewer than `depth` sent, or less than `min_queued` of predicted
 //! prefill sent, a request goes at once (an engine that batches prefills keeps a batch's
-//! worth).
+//! worth). A warm request (at least half its prompt cached there) that would be the next
+//! sent anyway goes to the engine at once, saturated or not, so that the engine keeps its
+//! cached prefix while it waits ([`EngineQueue::enter`]).
 //!
 //! Only streamed requests go through it (the caller's choice): a non-stream answer's first
 //! token is its last, so its slot would be held through its whole decode.
@@ -232,8 +234,20 @@ pub enum Entry {
 impl EngineQueue {
     /// A request of `own_ms` predicted prefill (`tokens` uncached tokens) arriving at
     /// `now_ms`: sent at once when the instance has room and nobody is held, else held with
-    /// the key `now_ms + own_ms`.
-    pub fn enter(self: &Arc<Self>, st: Settings, own_ms: f64, tokens: u64, now_ms: u64) -> Entry {
+    /// the key `now_ms + own_ms` — unless it is `warm` (most of its prompt is cached there)
+    /// and its key is below every held one: it would be the next sent anyway, so it goes to
+    /// the engine now, where its cached prefix is kept while it waits (an engine looks a
+    /// request's prefix up when the request enters it; a request held here keeps nothing,
+    /// and on a busy engine its session's history is evicted while it waits). It counts as
+    /// sent, so the held requests wait for it too.
+    pub fn enter(
+        self: &Arc<Self>,
+        st: Settings,
+        own_ms: f64,
+        tokens: u64,
+        now_ms: u64,
+        warm: bool,
+    ) -> Entry {
         let own_ms = if own_ms.is_finite() {
             own_ms.max(0.0)
         } else {
@@ -246,7 +260,9 @@ impl EngineQueue {
             // Looser settings (a reload): the held may go now.
             q.pump();
         }
-        if q.held.is_empty() && q.has_room() {
+        let key = now_ms as f64 + own_ms;
+        let first = q.held.iter().all(|h| key < h.key);
+        if (q.held.is_empty() && q.has_room()) || (warm && first) {
             let ahead = q.sent_tokens;
             q.send(own_ms, tokens);
             return Entry::Sent(Slot {
@@ -263,7 +279,6 @@ impl EngineQueue {
         let wake = Arc::new(Notify::new());
         let granted = Arc::new(AtomicBool::new(false));
         let ahead = Arc::new(Mutex::new(0));
-        let key = now_ms as f64 + own_ms;
         q.held.push(Held {
             id,
             key,
@@ -326,16 +341,16 @@ mod tests {
     #[tokio::test]
     async fn a_saturated_engine_gets_the_shortest_virtual_finish_first() {
         let q = Arc::new(EngineQueue::default());
-        let mut a = sent(q.enter(st(), 1000.0, 4000, 0));
-        let _b = sent(q.enter(st(), 1000.0, 4000, 0));
+        let mut a = sent(q.enter(st(), 1000.0, 4000, 0, false));
+        let _b = sent(q.enter(st(), 1000.0, 4000, 0, false));
         // Two sent: the next are held, each keyed by arrival + own prefill. Cold prompts at
         // t=100 (key 3,100) and 300 (3,300); warm turns at 200 (300), 2,500 (2,600) and
         // 3,250 (3,350: the cold prompts have waited their own prefill by then, they go first).
-        let cold1 = held(q.enter(st(), 3000.0, 12000, 100));
-        let warm1 = held(q.enter(st(), 100.0, 400, 200));
-        let cold2 = held(q.enter(st(), 3000.0, 12000, 300));
-        let warm2 = held(q.enter(st(), 100.0, 400, 2500));
-        let warm3 = held(q.enter(st(), 100.0, 400, 3250));
+        let cold1 = held(q.enter(st(), 3000.0, 12000, 100, false));
+        let warm1 = held(q.enter(st(), 100.0, 400, 200, false));
+        let cold2 = held(q.enter(st(), 3000.0, 12000, 300, false));
+        let warm2 = held(q.enter(st(), 100.0, 400, 2500, false));
+        let warm3 = held(q.enter(st(), 100.0, 400, 3250, false));
         assert_eq!(q.held(), 5);
         let wait = |w: Waiter| async move {
             tokio::time::timeout(Duration::from_secs(5), w.sent())
@@ -372,16 +387,16 @@ mod tests {
             min_queued_ms: 250.0,
         };
         // Short prompts: two sent are only 200 ms of prefill, below the floor: a third goes.
-        let a = sent(q.enter(floor, 100.0, 400, 0));
-        let b = sent(q.enter(floor, 100.0, 400, 0));
-        let c = sent(q.enter(floor, 100.0, 400, 0));
+        let a = sent(q.enter(floor, 100.0, 400, 0, false));
+        let b = sent(q.enter(floor, 100.0, 400, 0, false));
+        let c = sent(q.enter(floor, 100.0, 400, 0, false));
         assert_eq!(q.sent(), 3);
-        let w = held(q.enter(floor, 100.0, 400, 0));
+        let w = held(q.enter(floor, 100.0, 400, 0, false));
         // A waiter that leaves takes itself out; one sent while leaving gives its place on.
         drop(w);
         assert_eq!(q.held(), 0);
-        let w2 = held(q.enter(floor, 100.0, 400, 0));
-        let w3 = held(q.enter(floor, 100.0, 400, 1));
+        let w2 = held(q.enter(floor, 100.0, 400, 0, false));
+        let w3 = held(q.enter(floor, 100.0, 400, 1, false));
         drop(a); // w2 is sent...
         drop(w2); // ...and leaves before it saw it: w3 goes.
         let s3 = tokio::time::timeout(Duration::from_secs(5), w3.sent())
@@ -394,9 +409,44 @@ mod tests {
             hold: false,
             ..floor
         };
-        let all: Vec<Slot> = (0..10).map(|_| sent(q.enter(off, 1e4, 1, 0))).collect();
+        let all: Vec<Slot> = (0..10)
+            .map(|_| sent(q.enter(off, 1e4, 1, 0, false)))
+            .collect();
         assert_eq!(q.sent(), 10);
         drop(all);
         assert_eq!(q.sent(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_warm_request_next_in_line_goes_to_the_engine_at_once() {
+        let q = Arc::new(EngineQueue::default());
+        let one = Settings {
+            hold: true,
+            depth: 1,
+            min_queued_ms: 0.0,
+        };
+        let a = sent(q.enter(one, 1000.0, 4000, 0, false));
+        // Saturated, nobody held: a cold request is held, a warm one goes (and counts).
+        let cold = held(q.enter(one, 2000.0, 8000, 10, false));
+        assert_eq!(q.sent(), 1);
+        // Key 20 + 100 = 120 < the cold one's 2,010: it would be sent next anyway.
+        let w = sent(q.enter(one, 100.0, 400, 20, true));
+        assert_eq!((q.sent(), w.ahead_tokens), (2, 4000));
+        // A warm request whose key is above a held one's waits its turn like any.
+        let late = held(q.enter(one, 100.0, 400, 2500, true));
+        assert_eq!(q.held(), 2);
+        // The held wait for the warm one too: the first token of `a` leaves `w` sent.
+        drop(a);
+        assert_eq!((q.sent(), q.held()), (1, 2));
+        drop(w);
+        let c = tokio::time::timeout(Duration::from_secs(5), cold.sent())
+            .await
+            .expect("the cold one next (key 2,010 < 2,600)");
+        drop(c);
+        let l = tokio::time::timeout(Duration::from_secs(5), late.sent())
+            .await
+            .expect("then the late one");
+        drop(l);
+        assert_eq!((q.sent(), q.held()), (0, 0));
     }
 }

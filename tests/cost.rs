@@ -796,6 +796,72 @@ async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_
     assert_eq!(held_now, 0.0);
 }
 
+/// A warm turn that would be next in line goes to its saturated engine at once instead of
+/// being held (`engine_queue: {hold: true}`): the engine keeps its cached history while it
+/// waits there. One engine prefills a long cold prompt, a second is held; a session's next
+/// turn, most of it cached, is sent at once (no `x-tokengate-held-ms`) and answered before
+/// the held prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_turn_next_in_line_is_sent_to_its_saturated_engine_at_once() {
+    let fleet = sim_fleet(
+        1,
+        engine_sim::SimConfig {
+            time_scale: 1.0,
+            prefill_tps: 2000.0,
+            ..Default::default()
+        },
+    )
+    .await;
+    let gw = GatewayProc::start(&format!(
+        "cost_model: {{prior_prefill_tokens_per_second: 1000}}\nservices:\n  - name: m\n    scheduler: {{mode: layered}}\n    engine_queue: {{hold: true, min_queued: 0s}}\n{}",
+        sim_instances(&fleet)
+    ));
+    let c = reqwest::Client::new();
+    let url = gw.url("/v1/chat/completions");
+    let history = words("w", 600);
+    let r = c
+        .post(&url)
+        .json(&chat(&history, "first turn", 1, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    let done = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (n, label) in ["long1", "long2"].into_iter().enumerate() {
+        let (c, url, done) = (c.clone(), url.clone(), done.clone());
+        let body = chat(&words(label, 1500), "go", 1, true);
+        tasks.push(tokio::spawn(async move {
+            let r = c.post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+            done.lock().push(label);
+        }));
+        eventually(&format!("{} requests at e1", n + 1), || async {
+            gw.instances().await["instances"][0]["inflight_requests"] == n as u64 + 1
+        })
+        .await;
+    }
+    assert_eq!(gw.instances().await["instances"][0]["held"], 1);
+    let r = c
+        .post(&url)
+        .json(&chat(&history, "second turn", 1, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let held = r.headers().get("x-tokengate-held-ms").cloned();
+    r.bytes().await.unwrap();
+    done.lock().push("warm");
+    assert_eq!(held, None, "the warm turn was sent at once");
+    for t in tasks {
+        tokio::time::timeout(DEADLINE, t).await.unwrap().unwrap();
+    }
+    let order = done.lock().clone();
+    assert_eq!(order, ["long1", "warm", "long2"]);
+}
+
 /// The debug line names whose prefill rate each estimate uses: the prior before anything is
 /// learned, and never the prior again once an instance has answered a few prefills with
 /// nothing queued ahead (an instance still short of samples then borrows the fleet's mean;

@@ -207,7 +207,8 @@ fn client_left(when: &'static str) -> Box<Error> {
 
 /// The main leg waits for its turn at its instance while the instance is saturated
 /// (`services[].engine_queue`, [`crate::engine_queue`]): held with the key arrival + its
-/// predicted prefill there, sent when its turn comes. `Err` only when the client left.
+/// predicted prefill there, sent when its turn comes (a warm request that would be next goes
+/// at once). `Err` only when the client left.
 async fn hold(asker: &mut Asker<'_>, plan: &Plan, mut legs: Legs) -> Result<Legs> {
     use crate::engine_queue::Entry;
     let Some(leg) = legs.first_mut() else {
@@ -229,17 +230,22 @@ async fn hold(asker: &mut Asker<'_>, plan: &Plan, mut legs: Legs) -> Result<Legs
     }
     let tps = plan.runtime.cost.prefill_tps(l.instance.key);
     let own_ms = l.uncached_tokens as f64 * 1000.0 / tps;
-    let waiter = match l
-        .instance
-        .queue
-        .enter(st, own_ms, l.uncached_tokens, crate::clock::now_ms())
-    {
-        Entry::Sent(slot) => {
-            l.sent = Some(slot);
-            return Ok(legs);
-        }
-        Entry::Held(w) => w,
-    };
+    // Warm: at least half its prompt cached there (the index's prediction), which the
+    // engine keeps for it only once it is sent.
+    let cached = u64::from(l.prefix.matched) * plan.runtime.block_tokens as u64;
+    let warm = cached > 0 && cached >= l.uncached_tokens;
+    let waiter =
+        match l
+            .instance
+            .queue
+            .enter(st, own_ms, l.uncached_tokens, crate::clock::now_ms(), warm)
+        {
+            Entry::Sent(slot) => {
+                l.sent = Some(slot);
+                return Ok(legs);
+            }
+            Entry::Held(w) => w,
+        };
     // The index learns where the prompt goes now, not when it is sent: the next request
     // sharing its prefix (another session of its tenant) follows it instead of being placed
     // as cold elsewhere while it waits.
