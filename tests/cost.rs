@@ -751,8 +751,17 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
             r.bytes().await.unwrap();
             done.lock().push(label);
         }));
-        // Each arrives after the one before is counted at the instance.
+        // Each arrives after the one before is counted at the instance — and, where nothing
+        // is held, has reached the engine (else the next may overtake it on the way).
         inflight(n as u64 + 1).await;
+        if !extra.contains("hold: true") {
+            let sim = &fleet[0];
+            eventually(&format!("{} requests at the engine", n + 1), || async {
+                let s = sim.stats();
+                s.running + s.waiting + s.requests_finished as usize > n
+            })
+            .await;
+        }
     }
     // Held: long2, long3 and short while long1 prefills (~0.8 s), then at least long3 until
     // long2's first token: at least one for more than a second after the fourth arrived.
@@ -844,6 +853,14 @@ async fn a_warm_turn_next_in_line_is_sent_to_its_saturated_engine_at_once() {
         .await;
     }
     assert_eq!(gw.instances().await["instances"][0]["held"], 1);
+    // The first turn and long1 have reached the engine (the warm turn must not overtake
+    // long1 on the way).
+    let sim = &fleet[0];
+    eventually("long1 at the engine", || async {
+        let s = sim.stats();
+        s.running + s.waiting + s.requests_finished as usize >= 2
+    })
+    .await;
     let r = c
         .post(&url)
         .json(&chat(&history, "second turn", 1, true))
