@@ -692,12 +692,8 @@ async fn least_waiting_goes_around_an_engine_queue_other_clients_filled() {
 }
 
 /// One engine prefilling 2,000 tokens/s (real time) behind a layered service with `extra`
-/// service keys. Sends three long cold streamed prompts (the first is sent, the others held — or
-/// sent, with `hold: false`), then a short one, and returns the order in which their answers
-/// ended and the short one's `x-tokengate-held-ms`.
-/// The order the four answered in, the short one's `x-tokengate-held-ms`, and the requests
-/// held at e1 (`tokengate_held_requests`) just after the fourth was counted there.
-async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>, f64) {
+/// service keys and a prefill prior of 1,000 tokens/s.
+async fn one_slow_engine(extra: &str) -> (Vec<engine_sim::SimHandle>, GatewayProc) {
     let fleet = sim_fleet(
         1,
         engine_sim::SimConfig {
@@ -707,13 +703,32 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
         },
     )
     .await;
-    // Held requests go by arrival + predicted prefill. With a prior of 1,000 tokens/s a long
-    // prompt's prediction is ~3.4 s, so the short one overtakes long2 and long3 unless it
-    // arrives more than ~3.4 s after long2.
     let gw = GatewayProc::start(&format!(
         "cost_model: {{prior_prefill_tokens_per_second: 1000}}\nservices:\n  - name: m\n    scheduler: {{mode: layered}}\n{extra}{}",
         sim_instances(&fleet)
     ));
+    (fleet, gw)
+}
+
+/// Waits until the engine has received `n` requests (running, waiting or finished): the
+/// next one sent cannot overtake them on the way.
+async fn reached_engine(sim: &engine_sim::SimHandle, n: usize) {
+    eventually(&format!("{n} requests at the engine"), || async {
+        let s = sim.stats();
+        s.running + s.waiting + s.requests_finished as usize >= n
+    })
+    .await;
+}
+
+/// Through [`one_slow_engine`] with `extra`: sends three long cold streamed prompts (the
+/// first is sent, the others held — or sent, with `hold: false`), then a short one, and
+/// returns the order the four answered in, the short one's `x-tokengate-held-ms`, and the
+/// requests held at e1 (`tokengate_held_requests`) just after the fourth was counted there.
+async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>, f64) {
+    // Held requests go by arrival + predicted prefill. With a prior of 1,000 tokens/s a long
+    // prompt's prediction is ~3.4 s, so the short one overtakes long2 and long3 unless it
+    // arrives more than ~3.4 s after long2.
+    let (fleet, gw) = one_slow_engine(extra).await;
     let c = reqwest::Client::new();
     let done = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
     let held = std::sync::Arc::new(parking_lot::Mutex::new(None));
@@ -755,12 +770,7 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
         // is held, has reached the engine (else the next may overtake it on the way).
         inflight(n as u64 + 1).await;
         if !extra.contains("hold: true") {
-            let sim = &fleet[0];
-            eventually(&format!("{} requests at the engine", n + 1), || async {
-                let s = sim.stats();
-                s.running + s.waiting + s.requests_finished as usize > n
-            })
-            .await;
+            reached_engine(&fleet[0], n + 1).await;
         }
     }
     // Held: long2, long3 and short while long1 prefills (~0.8 s), then at least long3 until
@@ -812,19 +822,7 @@ async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_
 /// the held prompt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_turn_next_in_line_is_sent_to_its_saturated_engine_at_once() {
-    let fleet = sim_fleet(
-        1,
-        engine_sim::SimConfig {
-            time_scale: 1.0,
-            prefill_tps: 2000.0,
-            ..Default::default()
-        },
-    )
-    .await;
-    let gw = GatewayProc::start(&format!(
-        "cost_model: {{prior_prefill_tokens_per_second: 1000}}\nservices:\n  - name: m\n    scheduler: {{mode: layered}}\n    engine_queue: {{hold: true, min_queued: 0s}}\n{}",
-        sim_instances(&fleet)
-    ));
+    let (fleet, gw) = one_slow_engine("    engine_queue: {hold: true, min_queued: 0s}\n").await;
     let c = reqwest::Client::new();
     let url = gw.url("/v1/chat/completions");
     let history = words("w", 600);
@@ -855,12 +853,7 @@ async fn a_warm_turn_next_in_line_is_sent_to_its_saturated_engine_at_once() {
     assert_eq!(gw.instances().await["instances"][0]["held"], 1);
     // The first turn and long1 have reached the engine (the warm turn must not overtake
     // long1 on the way).
-    let sim = &fleet[0];
-    eventually("long1 at the engine", || async {
-        let s = sim.stats();
-        s.running + s.waiting + s.requests_finished as usize >= 2
-    })
-    .await;
+    reached_engine(&fleet[0], 2).await;
     let r = c
         .post(&url)
         .json(&chat(&history, "second turn", 1, true))
