@@ -261,8 +261,8 @@ impl EngineQueue {
             q.pump();
         }
         let key = now_ms as f64 + own_ms;
-        let first = q.held.iter().all(|h| key < h.key);
-        if (q.held.is_empty() && q.has_room()) || (warm && first) {
+        // A warm request next in line (its key below every held one) goes too.
+        if (q.held.is_empty() && q.has_room()) || (warm && q.held.iter().all(|h| key < h.key)) {
             let ahead = q.sent_tokens;
             q.send(own_ms, tokens);
             return Entry::Sent(Slot {

@@ -93,6 +93,13 @@ impl CostConfig {
     }
 }
 
+/// Whether a request is *warm* where `cached_tokens` of its `prompt_tokens` are held: at
+/// least half of it cached. The follow term counts warm decisions ([`CostModel::routed`]);
+/// the engine queue sends a warm request that is next in line at once.
+pub fn warm(prompt_tokens: u64, cached_tokens: u64) -> bool {
+    cached_tokens > 0 && cached_tokens.saturating_mul(2) >= prompt_tokens
+}
+
 /// What one instance taught the model so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Learned {
@@ -394,7 +401,7 @@ impl CostModel {
         if prompt_tokens == 0 {
             return;
         }
-        let warm = cached_tokens * 2 >= prompt_tokens && cached_tokens > 0;
+        let warm = warm(prompt_tokens, cached_tokens);
         let mut f = self.follow.lock();
         // The running mean at first, then an EWMA over the window.
         let a = (1.0 / (f.decisions as f64 + 1.0)).max(1.0 / FOLLOW_WINDOW);

@@ -40,7 +40,7 @@ pub mod session;
 
 pub use balance::{pick, LbPolicy, Pick};
 pub use candidate::{Candidate, EngineLoad, Needs, RequestView, Role};
-pub use cost::{CostConfig, CostModel, Estimate, Follow, Learned, Observation, RateFrom};
+pub use cost::{warm, CostConfig, CostModel, Estimate, Follow, Learned, Observation, RateFrom};
 pub use decision::{AffinityOutcome, Decision, Dropped, Layer, Trace};
 pub use filter::{Available, DecisionTarget, HasFreeSlot, NotTried, RoleIs};
 pub use hash::{block_hashes, block_hashes_into, InstanceKey, SessionKey};

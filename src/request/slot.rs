@@ -232,8 +232,8 @@ async fn hold(asker: &mut Asker<'_>, plan: &Plan, mut legs: Legs) -> Result<Legs
     let own_ms = l.uncached_tokens as f64 * 1000.0 / tps;
     // Warm: at least half its prompt cached there (the index's prediction), which the
     // engine keeps for it only once it is sent.
-    let cached = u64::from(l.prefix.matched) * plan.runtime.block_tokens as u64;
-    let warm = cached > 0 && cached >= l.uncached_tokens;
+    let prompt = plan.info.prompt_tokens_est;
+    let warm = tokengate_plugins::warm(prompt, prompt.saturating_sub(l.uncached_tokens));
     let waiter =
         match l
             .instance
