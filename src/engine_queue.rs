@@ -1,14 +1,18 @@
 //! The queue of a saturated engine, kept at the gateway and served shortest predicted work
-//! first (`services[].engine_queue: {hold: true}`; off by default).
+//! first (`services[].engine_queue`; on by default while every instance of the service is
+//! saturated).
 //!
 //! An engine serves its waiting requests in arrival order (vLLM's and SGLang's default
 //! scheduling, engine-sim's): a warm turn whose few hundred uncached tokens take 0.2 s waits
 //! behind every cold 4k-token prompt sent before it. Once an instance has `depth` requests
 //! sent and waiting for their first token, and their predicted prefill is at least
-//! `min_queued`, the gateway sends it no more; the requests the scheduler placed there wait
-//! here instead, each with its key `arrival + own prefill` (predicted at that instance: its
-//! uncached tokens at the instance's learned rate), and whenever one of the sent requests
-//! gets its first token (or fails, or leaves) the waiter with the smallest key is sent.
+//! `min_queued`, it is *saturated*. With `scope: service` (the default) the gateway holds
+//! requests only while every available instance of the service is saturated (or its own
+//! instance already holds some): the fleet is overloaded and any placement queues; with
+//! `scope: instance` whenever its own instance is. A held request waits here with its key
+//! `arrival + own prefill` (predicted at that instance: its uncached tokens at the
+//! instance's learned rate), and whenever one of the sent requests gets its first token (or
+//! fails, or leaves) the waiter with the smallest key is sent.
 //!
 //! The key is a virtual finish time: a short request overtakes a long one that arrived less
 //! than the long one's own prefill before it, so a long prompt is delayed by the short work
@@ -25,9 +29,10 @@
 //! Only streamed requests go through it (the caller's choice): a non-stream answer's first
 //! token is its last, so its slot would be held through its whole decode.
 //!
-//! Off by default: in the workload matrix (`bench/results/matrix.md`, run 25) it takes the
-//! overload cell's p50 from 1.16 to 1.01 × smg's at a higher p99 (0.71 → 0.80 ×), barely
-//! engages elsewhere, and is not measured on engines that batch long prefills.
+//! Why `scope: service` by default: in the workload matrix (`bench/results/matrix.md`, run
+//! 26) it takes the overload cell's p50 from 1.15 to 1.08 × smg's (p99 0.70 → 0.76 ×) and
+//! leaves the cells where some instance has room as they were; `scope: instance` (run 25)
+//! engages in every busy cell and lost ties there.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -35,11 +40,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 
+pub use crate::throttle::Scope;
+
 /// When an instance's queue is held (resolved `services[].engine_queue`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Settings {
     /// Hold requests at all (`hold: false`: every request is sent at once).
     pub hold: bool,
+    /// `Service`: only while every instance of the service is saturated (or the request's
+    /// own instance already holds some); `Instance`: while its own instance is.
+    pub scope: Scope,
     /// Requests sent and waiting for their first token before the gateway holds the next.
     pub depth: u32,
     /// ... and their predicted prefill, ms (an engine that batches prefills keeps this much).
@@ -62,7 +72,8 @@ pub const DEFAULT_MIN_QUEUED: Duration = Duration::from_millis(250);
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            hold: false,
+            hold: true,
+            scope: Scope::Service,
             depth: DEFAULT_DEPTH,
             min_queued_ms: DEFAULT_MIN_QUEUED.as_secs_f64() * 1000.0,
         }
@@ -103,7 +114,10 @@ struct Held {
 
 impl Inner {
     fn has_room(&self) -> bool {
-        let s = &self.settings;
+        self.room_under(&self.settings)
+    }
+
+    fn room_under(&self, s: &Settings) -> bool {
         !s.hold || self.sent < s.depth.max(1) || self.sent_ms < s.min_queued_ms
     }
 
@@ -233,8 +247,9 @@ pub enum Entry {
 
 impl EngineQueue {
     /// A request of `own_ms` predicted prefill (`tokens` uncached tokens) arriving at
-    /// `now_ms`: sent at once when the instance has room and nobody is held, else held with
-    /// the key `now_ms + own_ms` — unless it is `warm` (most of its prompt is cached there)
+    /// `now_ms`: sent at once when nobody is held and the instance has room (or, with
+    /// `fleet_full` false, another instance of the service has: see [`Scope`]), else held
+    /// with the key `now_ms + own_ms` — unless it is `warm` (most of its prompt is cached there)
     /// and its key is below every held one: it would be the next sent anyway, so it goes to
     /// the engine now, where its cached prefix is kept while it waits (an engine looks a
     /// request's prefix up when the request enters it; a request held here keeps nothing,
@@ -247,6 +262,7 @@ impl EngineQueue {
         tokens: u64,
         now_ms: u64,
         warm: bool,
+        fleet_full: bool,
     ) -> Entry {
         let own_ms = if own_ms.is_finite() {
             own_ms.max(0.0)
@@ -262,7 +278,9 @@ impl EngineQueue {
         }
         let key = now_ms as f64 + own_ms;
         // A warm request next in line (its key below every held one) goes too.
-        if (q.held.is_empty() && q.has_room()) || (warm && q.held.iter().all(|h| key < h.key)) {
+        if (q.held.is_empty() && (q.has_room() || !fleet_full))
+            || (warm && q.held.iter().all(|h| key < h.key))
+        {
             let ahead = q.sent_tokens;
             q.send(own_ms, tokens);
             return Entry::Sent(Slot {
@@ -301,6 +319,13 @@ impl EngineQueue {
         })
     }
 
+    /// Whether it takes no request at once under `st`: saturated, or some held (what
+    /// `fleet_full` of [`EngineQueue::enter`] asks of every instance).
+    pub fn full(&self, st: &Settings) -> bool {
+        let q = self.inner.lock();
+        !q.held.is_empty() || !q.room_under(st)
+    }
+
     /// Requests held here.
     pub fn held(&self) -> usize {
         self.inner.lock().held.len()
@@ -319,6 +344,7 @@ mod tests {
     fn st() -> Settings {
         Settings {
             hold: true,
+            scope: Scope::Instance,
             depth: 2,
             min_queued_ms: 0.0,
         }
@@ -341,16 +367,16 @@ mod tests {
     #[tokio::test]
     async fn a_saturated_engine_gets_the_shortest_virtual_finish_first() {
         let q = Arc::new(EngineQueue::default());
-        let mut a = sent(q.enter(st(), 1000.0, 4000, 0, false));
-        let _b = sent(q.enter(st(), 1000.0, 4000, 0, false));
+        let mut a = sent(q.enter(st(), 1000.0, 4000, 0, false, true));
+        let _b = sent(q.enter(st(), 1000.0, 4000, 0, false, true));
         // Two sent: the next are held, each keyed by arrival + own prefill. Cold prompts at
         // t=100 (key 3,100) and 300 (3,300); warm turns at 200 (300), 2,500 (2,600) and
         // 3,250 (3,350: the cold prompts have waited their own prefill by then, they go first).
-        let cold1 = held(q.enter(st(), 3000.0, 12000, 100, false));
-        let warm1 = held(q.enter(st(), 100.0, 400, 200, false));
-        let cold2 = held(q.enter(st(), 3000.0, 12000, 300, false));
-        let warm2 = held(q.enter(st(), 100.0, 400, 2500, false));
-        let warm3 = held(q.enter(st(), 100.0, 400, 3250, false));
+        let cold1 = held(q.enter(st(), 3000.0, 12000, 100, false, true));
+        let warm1 = held(q.enter(st(), 100.0, 400, 200, false, true));
+        let cold2 = held(q.enter(st(), 3000.0, 12000, 300, false, true));
+        let warm2 = held(q.enter(st(), 100.0, 400, 2500, false, true));
+        let warm3 = held(q.enter(st(), 100.0, 400, 3250, false, true));
         assert_eq!(q.held(), 5);
         let wait = |w: Waiter| async move {
             tokio::time::timeout(Duration::from_secs(5), w.sent())
@@ -383,20 +409,21 @@ mod tests {
         let q = Arc::new(EngineQueue::default());
         let floor = Settings {
             hold: true,
+            scope: Scope::Instance,
             depth: 2,
             min_queued_ms: 250.0,
         };
         // Short prompts: two sent are only 200 ms of prefill, below the floor: a third goes.
-        let a = sent(q.enter(floor, 100.0, 400, 0, false));
-        let b = sent(q.enter(floor, 100.0, 400, 0, false));
-        let c = sent(q.enter(floor, 100.0, 400, 0, false));
+        let a = sent(q.enter(floor, 100.0, 400, 0, false, true));
+        let b = sent(q.enter(floor, 100.0, 400, 0, false, true));
+        let c = sent(q.enter(floor, 100.0, 400, 0, false, true));
         assert_eq!(q.sent(), 3);
-        let w = held(q.enter(floor, 100.0, 400, 0, false));
+        let w = held(q.enter(floor, 100.0, 400, 0, false, true));
         // A waiter that leaves takes itself out; one sent while leaving gives its place on.
         drop(w);
         assert_eq!(q.held(), 0);
-        let w2 = held(q.enter(floor, 100.0, 400, 0, false));
-        let w3 = held(q.enter(floor, 100.0, 400, 1, false));
+        let w2 = held(q.enter(floor, 100.0, 400, 0, false, true));
+        let w3 = held(q.enter(floor, 100.0, 400, 1, false, true));
         drop(a); // w2 is sent...
         drop(w2); // ...and leaves before it saw it: w3 goes.
         let s3 = tokio::time::timeout(Duration::from_secs(5), w3.sent())
@@ -410,7 +437,7 @@ mod tests {
             ..floor
         };
         let all: Vec<Slot> = (0..10)
-            .map(|_| sent(q.enter(off, 1e4, 1, 0, false)))
+            .map(|_| sent(q.enter(off, 1e4, 1, 0, false, true)))
             .collect();
         assert_eq!(q.sent(), 10);
         drop(all);
@@ -422,18 +449,19 @@ mod tests {
         let q = Arc::new(EngineQueue::default());
         let one = Settings {
             hold: true,
+            scope: Scope::Instance,
             depth: 1,
             min_queued_ms: 0.0,
         };
-        let a = sent(q.enter(one, 1000.0, 4000, 0, false));
+        let a = sent(q.enter(one, 1000.0, 4000, 0, false, true));
         // Saturated, nobody held: a cold request is held, a warm one goes (and counts).
-        let cold = held(q.enter(one, 2000.0, 8000, 10, false));
+        let cold = held(q.enter(one, 2000.0, 8000, 10, false, true));
         assert_eq!(q.sent(), 1);
         // Key 20 + 100 = 120 < the cold one's 2,010: it would be sent next anyway.
-        let w = sent(q.enter(one, 100.0, 400, 20, true));
+        let w = sent(q.enter(one, 100.0, 400, 20, true, true));
         assert_eq!((q.sent(), w.ahead_tokens), (2, 4000));
         // A warm request whose key is above a held one's waits its turn like any.
-        let late = held(q.enter(one, 100.0, 400, 2500, true));
+        let late = held(q.enter(one, 100.0, 400, 2500, true, true));
         assert_eq!(q.held(), 2);
         // The held wait for the warm one too: the first token of `a` leaves `w` sent.
         drop(a);
@@ -447,6 +475,42 @@ mod tests {
             .await
             .expect("then the late one");
         drop(l);
+        assert_eq!((q.sent(), q.held()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn with_service_scope_a_saturated_instance_holds_only_while_the_fleet_is_full() {
+        let q = Arc::new(EngineQueue::default());
+        let svc = Settings {
+            hold: true,
+            scope: Scope::Service,
+            depth: 1,
+            min_queued_ms: 0.0,
+        };
+        let a = sent(q.enter(svc, 1000.0, 4000, 0, false, false));
+        assert!(q.full(&svc), "one sent at depth 1: saturated");
+        // Another instance has room: a cold request goes to this saturated one at once
+        // (the scheduler chose it; the engine's own queue orders it).
+        let b = sent(q.enter(svc, 2000.0, 8000, 10, false, false));
+        // Every instance full: the next is held...
+        let c = held(q.enter(svc, 2000.0, 8000, 20, false, true));
+        // ...and while one is held here, so is every later one, the fleet full or not:
+        // nobody overtakes the held on the way to the engine.
+        let d = held(q.enter(svc, 100.0, 400, 30, false, false));
+        assert_eq!((q.sent(), q.held()), (2, 2));
+        drop(a);
+        drop(b);
+        // The smaller key first (d: 130 < c: 2,020), one at a time at depth 1.
+        let sd = tokio::time::timeout(Duration::from_secs(5), d.sent())
+            .await
+            .expect("the short one first");
+        assert_eq!((q.sent(), q.held()), (1, 1));
+        drop(sd);
+        let sc = tokio::time::timeout(Duration::from_secs(5), c.sent())
+            .await
+            .expect("then the long one");
+        drop(sc);
+        assert!(!q.full(&svc));
         assert_eq!((q.sent(), q.held()), (0, 0));
     }
 }

@@ -377,7 +377,7 @@ fn instances(
     let held = r.gauge(
         Opts::new(
             "tokengate_held_requests",
-            "Requests the scheduler placed on an instance that the gateway holds back while the instance is saturated (services[].engine_queue: {hold: true}); they count in tokengate_waiting_requests too",
+            "Requests the scheduler placed on an instance that the gateway holds back while the service's instances are saturated (services[].engine_queue); they count in tokengate_waiting_requests too",
         ),
         &["instance"],
     );

@@ -694,8 +694,13 @@ async fn least_waiting_goes_around_an_engine_queue_other_clients_filled() {
 /// One engine prefilling 2,000 tokens/s (real time) behind a layered service with `extra`
 /// service keys and a prefill prior of 1,000 tokens/s.
 async fn one_slow_engine(extra: &str) -> (Vec<engine_sim::SimHandle>, GatewayProc) {
+    slow_engines(1, extra).await
+}
+
+/// [`one_slow_engine`] with `n` engines.
+async fn slow_engines(n: usize, extra: &str) -> (Vec<engine_sim::SimHandle>, GatewayProc) {
     let fleet = sim_fleet(
-        1,
+        n,
         engine_sim::SimConfig {
             time_scale: 1.0,
             prefill_tps: 2000.0,
@@ -769,7 +774,7 @@ async fn long_long_long_short(extra: &str) -> (Vec<&'static str>, Option<String>
         // Each arrives after the one before is counted at the instance — and, where nothing
         // is held, has reached the engine (else the next may overtake it on the way).
         inflight(n as u64 + 1).await;
-        if !extra.contains("hold: true") {
+        if extra.contains("hold: false") {
             reached_engine(&fleet[0], n + 1).await;
         }
     }
@@ -807,9 +812,9 @@ async fn a_saturated_engine_gets_a_short_request_before_the_long_ones_held_with_
         .parse()
         .unwrap();
     assert!(ms > 0);
-    // Not held (the default): the engine serves its queue in arrival order, the short one
+    // Not held (`hold: false`): the engine serves its queue in arrival order, the short one
     // last.
-    let (order, held, held_now) = long_long_long_short("").await;
+    let (order, held, held_now) = long_long_long_short("    engine_queue: {hold: false}\n").await;
     assert_eq!(order.last(), Some(&"short"), "not held: {order:?}");
     assert_eq!(held, None);
     assert_eq!(held_now, 0.0);
@@ -870,6 +875,61 @@ async fn a_warm_turn_next_in_line_is_sent_to_its_saturated_engine_at_once() {
     }
     let order = done.lock().clone();
     assert_eq!(order, ["long1", "warm", "long2"]);
+}
+
+/// With no `engine_queue` key a request is held only once every instance of the service is
+/// saturated (`scope: service`): two engines each prefilling a long cold prompt; the first
+/// two prompts go at once (each finds an instance with room), the third waits at the
+/// gateway and says so (`x-tokengate-held-ms`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_request_is_held_only_once_every_instance_is_saturated() {
+    let (_fleet, gw) = slow_engines(2, "").await;
+    let c = reqwest::Client::new();
+    let url = gw.url("/v1/chat/completions");
+    let mut tasks = Vec::new();
+    // (in flight, held) per instance, the busiest first.
+    let instances = || async {
+        let v = gw.instances().await;
+        let mut v: Vec<(u64, u64)> = v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                (
+                    i["inflight_requests"].as_u64().unwrap(),
+                    i["held"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| b.cmp(a));
+        v
+    };
+    for (n, label) in ["long1", "long2", "long3"].into_iter().enumerate() {
+        let (c, url) = (c.clone(), url.clone());
+        let body = chat(&words(label, 1500), "go", 1, true);
+        tasks.push(tokio::spawn(async move {
+            let r = c.post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let held = r.headers().get("x-tokengate-held-ms").cloned();
+            r.bytes().await.unwrap();
+            (label, held)
+        }));
+        // long1 and long2 each on an instance of their own (a cold prompt goes where it
+        // starts first), long3 held at one of them.
+        let want: &[(u64, u64)] = match n {
+            0 => &[(1, 0), (0, 0)],
+            1 => &[(1, 0), (1, 0)],
+            _ => &[(2, 1), (1, 0)],
+        };
+        eventually(&format!("{label} placed: {want:?}"), || async {
+            instances().await == want
+        })
+        .await;
+    }
+    for t in tasks {
+        let (label, held) = tokio::time::timeout(DEADLINE, t).await.unwrap().unwrap();
+        assert_eq!(held.is_some(), label == "long3", "{label}: held {held:?}");
+    }
 }
 
 /// The debug line names whose prefill rate each estimate uses: the prior before anything is

@@ -42,7 +42,8 @@ pub struct ServiceConfig {
     #[serde(default)]
     pub throttling: Option<ThrottlingSettings>,
     /// The queue of a saturated instance, held at the gateway and sent shortest predicted
-    /// work first ([`crate::engine_queue`]); absent = off (every request is sent at once).
+    /// work first ([`crate::engine_queue`]); absent = held while every instance of the
+    /// service is saturated (`hold: true, scope: service`).
     #[serde(default)]
     pub engine_queue: Option<EngineQueueSettings>,
     /// Prefill/decode disaggregation: the instances have roles (`prefill` / `decode`);
@@ -64,10 +65,14 @@ pub struct ServiceConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineQueueSettings {
-    /// `true`: hold a saturated instance's requests here; `false` (default): every request
-    /// goes to its instance at once (the engine's own order, FIFO).
+    /// `true` (default): hold a saturated instance's requests here (while `scope` says);
+    /// `false`: every request goes to its instance at once (the engine's own order, FIFO).
     #[serde(default)]
     pub hold: Option<bool>,
+    /// `service` (default): hold only while every instance of the service is saturated (an
+    /// overloaded fleet); `instance`: whenever the request's own instance is.
+    #[serde(default)]
+    pub scope: Option<crate::throttle::Scope>,
     /// Requests sent to an instance and waiting for their first token before the next is
     /// held (default 1: the one prefilling).
     #[serde(default = "d_eq_depth")]
@@ -87,13 +92,16 @@ fn d_eq_min_queued() -> Duration {
 }
 
 impl ServiceConfig {
-    /// The resolved `engine_queue` settings: held only when asked (`hold: true`; the
-    /// workload matrix found it trading p99 for p50, `docs/scheduling.md`), never for a
-    /// prefill/decode pair.
+    /// The resolved `engine_queue` settings: held unless `hold: false`, by default only
+    /// while every instance of the service is saturated (`scope: service`; the workload
+    /// matrix, `docs/scheduling.md`), never for a prefill/decode pair.
     pub fn engine_queue(&self) -> crate::engine_queue::Settings {
         let eq = self.engine_queue.as_ref();
         crate::engine_queue::Settings {
-            hold: self.pd.is_none() && eq.and_then(|e| e.hold).unwrap_or(false),
+            hold: self.pd.is_none() && eq.and_then(|e| e.hold).unwrap_or(true),
+            scope: eq
+                .and_then(|e| e.scope)
+                .unwrap_or(crate::throttle::Scope::Service),
             depth: eq.map_or(crate::engine_queue::DEFAULT_DEPTH, |e| e.depth),
             min_queued_ms: eq
                 .map_or(crate::engine_queue::DEFAULT_MIN_QUEUED, |e| e.min_queued)

@@ -380,21 +380,44 @@ fn mirror_settings_are_checked_with_paths() {
 }
 
 #[test]
-fn the_engine_queue_is_held_only_when_asked_and_checked() {
+fn the_engine_queue_holds_while_the_fleet_is_saturated_unless_told_and_is_checked() {
     let inst = "    instances:\n      - {id: a, addr: 127.0.0.1:8000}\n      - {id: b, addr: 127.0.0.1:8001}\n";
     let svc = |keys: &str| format!("services:\n  - name: m\n{keys}{inst}");
     let held = |keys: &str| Config::from_yaml(&svc(keys)).unwrap().services[0].engine_queue();
-    // Off unless asked, whatever the scheduler.
+    use crate::throttle::Scope;
+    // On by default, scoped to the service (held only while every instance is saturated),
+    // whatever the scheduler.
     let d = held("");
-    assert!(!d.hold);
+    assert!(d.hold);
+    assert_eq!(d.scope, Scope::Service);
     assert_eq!(d.depth, crate::engine_queue::DEFAULT_DEPTH);
     assert_eq!(d.min_queued_ms, 250.0);
-    assert!(!held("    scheduler: {mode: layered}\n").hold);
-    assert!(held("    scheduler: {mode: layered}\n    engine_queue: {hold: true}\n").hold);
-    assert!(held("    load_balancing: least-token\n    engine_queue: {hold: true}\n").hold);
+    assert_eq!(d, crate::engine_queue::Settings::default());
+    assert!(held("    scheduler: {mode: layered}\n").hold);
+    assert!(held("    load_balancing: least-token\n").hold);
+    let i = held("    engine_queue: {scope: instance}\n");
+    assert_eq!((i.hold, i.scope), (true, Scope::Instance));
     let set = held("    engine_queue: {hold: true, depth: 3, min_queued: 1s}\n");
-    assert_eq!((set.depth, set.min_queued_ms), (3, 1000.0));
+    assert_eq!(
+        (set.depth, set.min_queued_ms, set.scope),
+        (3, 1000.0, Scope::Service)
+    );
     assert!(!held("    engine_queue: {hold: false}\n").hold);
+    // Never for a prefill/decode pair (sent as one), unless asked, which is an error.
+    let pd = "    pd: {mode: vllm-nixl}\n    instances:\n      - {id: p, addr: 127.0.0.1:8000, role: prefill}\n      - {id: d, addr: 127.0.0.1:8001, role: decode}\n";
+    let pd_held = |keys: &str| Config::from_yaml(&format!("services:\n  - name: m\n{keys}{pd}"));
+    assert!(!pd_held("").unwrap().services[0].engine_queue().hold);
+    let e = pd_held("    engine_queue: {hold: true}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("services[0].engine_queue.hold: not with pd"),
+        "{e}"
+    );
+    let e = Config::from_yaml(&svc("    engine_queue: {scope: fleet}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("scope"), "{e}");
     let e = Config::from_yaml(&svc("    engine_queue: {depth: 0}\n"))
         .unwrap_err()
         .to_string();

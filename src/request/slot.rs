@@ -11,8 +11,8 @@
 //! (the waiter leaves the queue; nothing was counted). A refusal may overflow to another
 //! region's gateway ([`super::global`]).
 //!
-//! With `engine_queue: {hold: true}` the main leg then waits for its turn at its instance
-//! while that instance is saturated ([`crate::engine_queue`]; [`hold`]).
+//! Then the main leg waits for its turn at its instance while the service's instances are
+//! saturated (`engine_queue`, on unless `hold: false`; [`crate::engine_queue`]; [`hold`]).
 
 use super::plan::PickError;
 use super::{Leg, Plan};
@@ -173,7 +173,7 @@ impl Asker<'_> {
 }
 
 /// Takes a slot for the plan's legs (see the module documentation), then waits for the
-/// main leg's turn at its instance while that is saturated ([`hold`]). `Err` only when the
+/// main leg's turn at its instance while the fleet is saturated ([`hold`]). `Err` only when the
 /// client left while queued or held.
 pub async fn take(
     shared: &Shared,
@@ -205,7 +205,8 @@ fn client_left(when: &'static str) -> Box<Error> {
     .into_down()
 }
 
-/// The main leg waits for its turn at its instance while the instance is saturated
+/// The main leg waits for its turn at its instance while every instance of the service is
+/// saturated (`scope: service`, the default) or its own is (`scope: instance`)
 /// (`services[].engine_queue`, [`crate::engine_queue`]): held with the key arrival + its
 /// predicted prefill there, sent when its turn comes (a warm request that would be next goes
 /// at once). `Err` only when the client left.
@@ -234,18 +235,26 @@ async fn hold(asker: &mut Asker<'_>, plan: &Plan, mut legs: Legs) -> Result<Legs
     // engine keeps for it only once it is sent.
     let prompt = plan.info.prompt_tokens_est;
     let warm = tokengate_plugins::warm(prompt, prompt.saturating_sub(l.uncached_tokens));
-    let waiter =
-        match l
-            .instance
-            .queue
-            .enter(st, own_ms, l.uncached_tokens, crate::clock::now_ms(), warm)
-        {
-            Entry::Sent(slot) => {
-                l.sent = Some(slot);
-                return Ok(legs);
-            }
-            Entry::Held(w) => w,
-        };
+    let now = crate::clock::now_ms();
+    // `scope: service`: held only while every available instance is saturated (or this one
+    // already holds some, checked by `enter`).
+    let fleet_full = st.scope == crate::engine_queue::Scope::Instance
+        || l.service.instances.iter().all(|i| {
+            i.role != tokengate_plugins::Role::Integrated
+                || !i.health.available(now)
+                || i.queue.full(&st)
+        });
+    let waiter = match l
+        .instance
+        .queue
+        .enter(st, own_ms, l.uncached_tokens, now, warm, fleet_full)
+    {
+        Entry::Sent(slot) => {
+            l.sent = Some(slot);
+            return Ok(legs);
+        }
+        Entry::Held(w) => w,
+    };
     // The index learns where the prompt goes now, not when it is sent: the next request
     // sharing its prefix (another session of its tenant) follows it instead of being placed
     // as cold elsewhere while it waits.
