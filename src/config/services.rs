@@ -96,17 +96,18 @@ impl ServiceConfig {
     /// while every instance of the service is saturated (`scope: service`; the workload
     /// matrix, `docs/scheduling.md`), never for a prefill/decode pair.
     pub fn engine_queue(&self) -> crate::engine_queue::Settings {
-        let eq = self.engine_queue.as_ref();
+        let d = crate::engine_queue::Settings::default();
+        let Some(eq) = self.engine_queue.as_ref() else {
+            return crate::engine_queue::Settings {
+                hold: d.hold && self.pd.is_none(),
+                ..d
+            };
+        };
         crate::engine_queue::Settings {
-            hold: self.pd.is_none() && eq.and_then(|e| e.hold).unwrap_or(true),
-            scope: eq
-                .and_then(|e| e.scope)
-                .unwrap_or(crate::throttle::Scope::Service),
-            depth: eq.map_or(crate::engine_queue::DEFAULT_DEPTH, |e| e.depth),
-            min_queued_ms: eq
-                .map_or(crate::engine_queue::DEFAULT_MIN_QUEUED, |e| e.min_queued)
-                .as_secs_f64()
-                * 1000.0,
+            hold: self.pd.is_none() && eq.hold.unwrap_or(d.hold),
+            scope: eq.scope.unwrap_or(d.scope),
+            depth: eq.depth,
+            min_queued_ms: eq.min_queued.as_secs_f64() * 1000.0,
         }
     }
 }

@@ -237,13 +237,15 @@ async fn hold(asker: &mut Asker<'_>, plan: &Plan, mut legs: Legs) -> Result<Legs
     let warm = tokengate_plugins::warm(prompt, prompt.saturating_sub(l.uncached_tokens));
     let now = crate::clock::now_ms();
     // `scope: service`: held only while every available instance is saturated (or this one
-    // already holds some, checked by `enter`).
+    // already holds some, checked by `enter`). Its own instance first: below overload it
+    // has room and the others are not looked at.
     let fleet_full = st.scope == crate::engine_queue::Scope::Instance
-        || l.service.instances.iter().all(|i| {
-            i.role != tokengate_plugins::Role::Integrated
-                || !i.health.available(now)
-                || i.queue.full(&st)
-        });
+        || l.instance.queue.full(&st)
+            && l.service.instances.iter().all(|i| {
+                i.role != tokengate_plugins::Role::Integrated
+                    || !i.health.available(now)
+                    || i.queue.full(&st)
+            });
     let waiter = match l
         .instance
         .queue
