@@ -209,12 +209,16 @@ def derive(name):
     ]
     if think_hi > think_lo:
         wl += ["--think-time-max", "%dms" % round(think_hi * 1000)]
+    # ADMIT_AT_PREFILL=1: engines that look a waiting request's prefix up when its prefill
+    # starts (vLLM, SGLang), not when it arrives (engine-sim's default).
+    admit = " --admit-at-prefill" if knob("ADMIT_AT_PREFILL", 0) else ""
     per_engine = []
     for s in speeds:
         per_engine.append(
             "--time-scale %s --kv-blocks %d --cache-tokens %d --block-size %d --prefill-tps %.0f"
-            " --max-running %d --prefill-chunk-tokens %d"
-            % (scale, kv_blocks, cache, BLOCK, prefill_tps * s, MAX_RUNNING, PREFILL[prefill_k])
+            " --max-running %d --prefill-chunk-tokens %d%s"
+            % (scale, kv_blocks, cache, BLOCK, prefill_tps * s, MAX_RUNNING, PREFILL[prefill_k],
+               admit)
         )
     return {
         "cell": name,

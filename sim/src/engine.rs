@@ -18,6 +18,12 @@
 //! their prefill time. Decoding requests see their token gaps grow while
 //! prompts are prefilled, and prefill slows down a little while others decode.
 //!
+//! With `admit_at_prefill` a waiting request is admitted only once the prefill work before
+//! it has finished (vLLM's and SGLang's schedulers look a waiting request's prefix up and
+//! take its blocks when they schedule it): its prefix can be evicted while it waits, as on
+//! those engines. Without it (the default) it is admitted while a running slot and blocks
+//! are free, and its prefix is kept for it while its prefill waits its turn.
+//!
 //! Prefill/decode disaggregation ([`crate::pd`]) adds two kinds of request. A
 //! PD prefill ([`Submit::hold`]) is an ordinary one-token request whose KV
 //! blocks stay referenced after it finished, until [`Engine::release_hold`]
@@ -536,12 +542,17 @@ impl Engine {
                     st.max_step_ms = st.max_step_ms.max(ms);
                     step_deadline = Some(base + decode + chunk);
                 }
-                let prefill = st
+                let mut prefill = st
                     .running
                     .iter()
                     .filter(|r| !r.decoding)
                     .map(|r| r.prefill_end)
                     .min();
+                if self.cfg.admit_at_prefill && !st.waiting.is_empty() {
+                    // The next admission (an aborted prefill leaves its time behind).
+                    let free = st.prefill_free_at.max(now);
+                    prefill = Some(prefill.map_or(free, |p| p.min(free)));
+                }
                 match (step_deadline, prefill) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -628,6 +639,11 @@ impl State {
                 self.waiting.pop_front();
                 self.m.aborted += 1;
                 continue;
+            }
+            // vLLM and SGLang look a waiting request's prefix up (and take its blocks)
+            // when they schedule its prefill, not when it arrives.
+            if cfg.admit_at_prefill && front.remote_cached.is_none() && self.prefill_free_at > now {
+                break;
             }
             let prompt = front.prompt_tokens as usize;
             let total = (prompt + front.target as usize).div_ceil(bs);

@@ -145,6 +145,12 @@ pub struct SimConfig {
     /// each decode step also carries up to N tokens of it and lasts their prefill
     /// time longer, and the prefill waits for the step's decode part.
     pub prefill_chunk_tokens: usize,
+    /// Admit a waiting request (look its prefix up, take its KV blocks) only once the
+    /// prefill work before it has finished, as vLLM's and SGLang's schedulers do: their
+    /// waiting requests hold no blocks, so a queued request's cached prefix can be evicted
+    /// before its turn. `false`: admitted at once while a running slot and blocks are free,
+    /// its prefix kept for it while its prefill waits.
+    pub admit_at_prefill: bool,
     /// Speed-up factor: every simulated duration is divided by it.
     pub time_scale: f64,
     /// Output tokens when the request sets no max_tokens and no `x-sim-output-tokens`.
@@ -189,6 +195,7 @@ impl Default for SimConfig {
             decode_step_ms: 6.0,
             decode_per_req_ms: 0.35,
             prefill_chunk_tokens: 0,
+            admit_at_prefill: false,
             time_scale: 1.0,
             default_output_tokens: 64,
             chunk_tokens: 1,
@@ -288,6 +295,13 @@ pub struct SimArgs {
     /// decode steps without slowing them
     #[arg(long, default_value_t = 0)]
     pub prefill_chunk_tokens: usize,
+    /// Admit a waiting request (look its prefix up, take its KV blocks) only when the
+    /// prefill before it has finished, as vLLM and SGLang do (their waiting requests hold
+    /// no blocks: a queued request's cached prefix can be evicted before its turn).
+    /// Without it a request is admitted at once while a running slot and blocks are free,
+    /// and its prefix is kept for it while its prefill waits
+    #[arg(long)]
+    pub admit_at_prefill: bool,
     /// Divide every simulated duration by this factor (faults excepted)
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
@@ -343,6 +357,7 @@ impl SimArgs {
             decode_step_ms: self.decode_step_ms,
             decode_per_req_ms: self.decode_per_req_ms,
             prefill_chunk_tokens: self.prefill_chunk_tokens,
+            admit_at_prefill: self.admit_at_prefill,
             time_scale: self.time_scale,
             default_output_tokens: self.default_output_tokens,
             chunk_tokens: self.chunk_tokens,

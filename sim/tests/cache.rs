@@ -158,3 +158,59 @@ async fn cache_hit_cuts_prefill_time() {
     assert!(warm * 3 < cold, "warm {warm:?} vs cold {cold:?}");
     sim.stop().await;
 }
+
+/// A request queued behind a long prefill keeps its cached prefix only where the engine admits
+/// it at once (the default); with `admit_at_prefill` (vLLM's and SGLang's behaviour) it is
+/// looked up when its own prefill starts, after the long prompt finished and pushed it out.
+#[tokio::test]
+async fn a_queued_request_keeps_its_prefix_only_when_admitted_at_once() {
+    for lazy in [false, true] {
+        // One 30-block prompt stays cached (40 idle blocks at most); the long prompt takes
+        // 16k tokens at 8k tokens/s: 2 s of prefill at scale 1.
+        let sim = sim(SimConfig {
+            kv_blocks: 4096,
+            cache_tokens: 640,
+            time_scale: 1.0,
+            admit_at_prefill: lazy,
+            ..fast_cfg()
+        })
+        .await;
+        let c = client();
+        let a = text(30, 1920);
+        assert_eq!(cached(&chat_json(&c, &sim, &a, 1).await), 0);
+        // The long prompt, one output token: it finishes when its prefill does, and its
+        // blocks then fill the cache.
+        let long = tokio::spawn({
+            let (c, url) = (c.clone(), sim.url());
+            async move {
+                c.post(format!("{url}/v1/chat/completions"))
+                    .json(&chat(&text(31, 64000), 1, false))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json::<serde_json::Value>()
+                    .await
+                    .unwrap()
+            }
+        });
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while sim.stats().running == 0 {
+            assert!(Instant::now() < deadline, "the long prompt never ran");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // `a` again, sent during the long prefill.
+        let again = chat_json(&c, &sim, &a, 1).await;
+        let long = long.await.unwrap();
+        assert_eq!(cached(&long), 0);
+        if lazy {
+            assert_eq!(
+                cached(&again),
+                0,
+                "looked up after the long prompt evicted it"
+            );
+        } else {
+            assert_eq!(cached(&again), 480, "admitted at once: its prefix was kept");
+        }
+        sim.stop().await;
+    }
+}
