@@ -99,8 +99,10 @@ enum Cmd {
         /// The config file to check.
         #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: PathBuf,
-        /// Print the effective config as YAML on stdout (every default filled in, every
-        /// credential `***`); the summary line goes to stderr.
+        /// Print the effective config as YAML on stdout (every key's default filled in, every
+        /// credential `***`; an optional section left out, such as `scheduler` or
+        /// `engine_queue`, prints as `null` and takes its documented default); the summary
+        /// line goes to stderr.
         #[arg(long)]
         print: bool,
     },
