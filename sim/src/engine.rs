@@ -548,9 +548,11 @@ impl Engine {
                     .filter(|r| !r.decoding)
                     .map(|r| r.prefill_end)
                     .min();
-                if self.cfg.admit_at_prefill && !st.waiting.is_empty() {
-                    // The next admission (an aborted prefill leaves its time behind).
-                    let free = st.prefill_free_at.max(now);
+                if self.cfg.admit_at_prefill && !st.waiting.is_empty() && st.prefill_free_at > now {
+                    // The next admission waits for the prefill before it (whose request may
+                    // have been aborted since). Waiting for blocks or a slot instead, it
+                    // wakes with the steps, as without the option.
+                    let free = st.prefill_free_at;
                     prefill = Some(prefill.map_or(free, |p| p.min(free)));
                 }
                 match (step_deadline, prefill) {

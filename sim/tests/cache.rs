@@ -179,28 +179,18 @@ async fn a_queued_request_keeps_its_prefix_only_when_admitted_at_once() {
         let a = text(30, 1920);
         assert_eq!(cached(&chat_json(&c, &sim, &a, 1).await), 0);
         // The long prompt, one output token: it finishes when its prefill does, and its
-        // blocks then fill the cache.
-        let long = tokio::spawn({
-            let (c, url) = (c.clone(), sim.url());
-            async move {
-                c.post(format!("{url}/v1/chat/completions"))
-                    .json(&chat(&text(31, 64000), 1, false))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json::<serde_json::Value>()
-                    .await
-                    .unwrap()
+        // blocks then fill the cache. `a` again is sent while it prefills.
+        let long_prompt = text(31, 64000);
+        let long = chat_json(&c, &sim, &long_prompt, 1);
+        let again = async {
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            while sim.stats().running == 0 {
+                assert!(Instant::now() < deadline, "the long prompt never ran");
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
-        });
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        while sim.stats().running == 0 {
-            assert!(Instant::now() < deadline, "the long prompt never ran");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        // `a` again, sent during the long prefill.
-        let again = chat_json(&c, &sim, &a, 1).await;
-        let long = long.await.unwrap();
+            chat_json(&c, &sim, &a, 1).await
+        };
+        let (long, again) = tokio::join!(long, again);
         assert_eq!(cached(&long), 0);
         if lazy {
             assert_eq!(
