@@ -183,11 +183,7 @@ async fn a_queued_request_keeps_its_prefix_only_when_admitted_at_once() {
         let long_prompt = text(31, 64000);
         let long = chat_json(&c, &sim, &long_prompt, 1);
         let again = async {
-            let deadline = Instant::now() + std::time::Duration::from_secs(10);
-            while sim.stats().running == 0 {
-                assert!(Instant::now() < deadline, "the long prompt never ran");
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
+            eventually(|| async { sim.stats().running > 0 }).await;
             chat_json(&c, &sim, &a, 1).await
         };
         let (long, again) = tokio::join!(long, again);
