@@ -99,10 +99,10 @@ enum Cmd {
         /// The config file to check.
         #[arg(short, long, value_name = "FILE", env = "TOKENGATE_CONFIG")]
         config: PathBuf,
-        /// Print the effective config as YAML on stdout (every key's default filled in, every
-        /// credential `***`; an optional section left out, such as `scheduler` or
-        /// `engine_queue`, prints as `null` and takes its documented default); the summary
-        /// line goes to stderr.
+        /// Print the effective config as YAML on stdout (every key's default filled in, a
+        /// service's `scheduler`, `load_balancing` and `engine_queue` as they run, every
+        /// credential `***`; a feature left out, such as `throttling` or `mirror`, prints as
+        /// `null`: off); the summary line goes to stderr.
         #[arg(long)]
         print: bool,
     },
@@ -268,7 +268,7 @@ fn check(config: &std::path::Path, print: bool) -> ExitCode {
                 n
             );
             if print {
-                print!("{}", c.to_yaml());
+                print!("{}", c.with_defaults().to_yaml());
                 eprintln!("{summary}");
             } else {
                 println!("{summary}");

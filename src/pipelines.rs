@@ -219,15 +219,8 @@ pub fn service(
     // A service that says nothing about scheduling gets the layered scheduler with its
     // defaults (one instance has nothing to choose between); `load_balancing` alone is an
     // explicit choice of plain balancing.
-    let implied;
-    let scheduler = match &s.scheduler {
-        None if s.load_balancing.is_none() && s.instances.len() > 1 => {
-            implied = SchedulerConfig::default_layered();
-            Some(&implied)
-        }
-        sc => sc.as_ref(),
-    };
-    Ok(match scheduler {
+    let scheduler = s.effective_scheduler();
+    Ok(match scheduler.as_deref() {
         None => {
             let lb = s.load_balancing.unwrap_or(LbPolicy::LeastToken);
             Scheduler::new(

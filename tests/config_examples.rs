@@ -163,6 +163,58 @@ fn check_print_shows_the_effective_config_without_secrets_and_round_trips() {
     }
 }
 
+/// `check --print` shows the scheduling a service gets when it says nothing: the layered
+/// scheduler and `least-token` where there is a choice, the engine queue held while the fleet
+/// is saturated, none held for a prefill/decode pair; and the printed form runs the same.
+#[test]
+fn check_print_fills_in_the_scheduling_a_service_gets_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("defaults.yaml");
+    std::fs::write(
+        &p,
+        "services:\n  - name: two\n    instances:\n      - {id: a, addr: 127.0.0.1:1}\n      - {id: b, addr: 127.0.0.1:2}\n  - name: one\n    instances:\n      - {id: c, addr: 127.0.0.1:3}\n  - name: plain\n    load_balancing: round-robin\n    engine_queue: {scope: instance}\n    instances:\n      - {id: d, addr: 127.0.0.1:4}\n      - {id: e, addr: 127.0.0.1:5}\n  - name: pair\n    pd: {mode: vllm-nixl}\n    instances:\n      - {id: p, addr: 127.0.0.1:6, role: prefill}\n      - {id: q, addr: 127.0.0.1:7, role: decode}\n",
+    )
+    .unwrap();
+    let yaml = print_any(&p);
+    let c = tokengate::config::Config::from_yaml(&yaml).unwrap();
+    let svc = |name: &str| c.services.iter().find(|s| s.name == name).unwrap();
+    let lb = |name: &str| format!("{:?}", svc(name).load_balancing);
+    let eq = |name: &str| {
+        let e = svc(name)
+            .engine_queue
+            .clone()
+            .expect("engine_queue filled in");
+        (e.hold, e.scope.map(|s| format!("{s:?}")))
+    };
+    // Two instances and no key: the layered scheduler with its layers, held fleet-wide.
+    assert!(
+        matches!(
+            svc("two").scheduler,
+            Some(tokengate::config::SchedulerConfig::Layered { .. })
+        ),
+        "{yaml}"
+    );
+    assert_eq!(lb("two"), "Some(LeastToken)");
+    assert_eq!(eq("two"), (Some(true), Some("Service".into())));
+    assert!(
+        yaml.contains("mode: layered") && yaml.contains("least_cached:"),
+        "{yaml}"
+    );
+    // One instance has nothing to choose between: plain balancing.
+    assert!(svc("one").scheduler.is_none(), "{yaml}");
+    assert_eq!(lb("one"), "Some(LeastToken)");
+    // What a service says is kept.
+    assert!(svc("plain").scheduler.is_none(), "{yaml}");
+    assert_eq!(lb("plain"), "Some(RoundRobin)");
+    assert_eq!(eq("plain"), (Some(true), Some("Instance".into())));
+    // A prefill/decode pair is never held.
+    assert_eq!(eq("pair").0, Some(false));
+    // Read back, it prints the same.
+    let again = dir.path().join("again.yaml");
+    std::fs::write(&again, &yaml).unwrap();
+    assert_eq!(print_any(&again), yaml);
+}
+
 /// `check --print` of a valid config (any instance count).
 fn print_any(path: &std::path::Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))

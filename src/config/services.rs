@@ -92,6 +92,37 @@ fn d_eq_min_queued() -> Duration {
 }
 
 impl ServiceConfig {
+    /// The scheduler this service runs: its `scheduler`; when it sets neither `scheduler`
+    /// nor `load_balancing` and has more than one instance, the layered scheduler with every
+    /// default ([`SchedulerConfig::default_layered`]); `None`: plain `load_balancing`.
+    pub fn effective_scheduler(&self) -> Option<std::borrow::Cow<'_, SchedulerConfig>> {
+        match &self.scheduler {
+            None if self.load_balancing.is_none() && self.instances.len() > 1 => {
+                Some(std::borrow::Cow::Owned(SchedulerConfig::default_layered()))
+            }
+            sc => sc.as_ref().map(std::borrow::Cow::Borrowed),
+        }
+    }
+
+    /// This service as it runs, every optional scheduling section a default decides filled
+    /// in (`tokengate check --print`): the scheduler ([`Self::effective_scheduler`]), the
+    /// balancer (`least-token`) and the engine queue ([`Self::engine_queue`]). The result
+    /// means the same as `self` when read back.
+    pub fn with_defaults(&self) -> ServiceConfig {
+        let eq = self.engine_queue();
+        ServiceConfig {
+            scheduler: self.effective_scheduler().map(|s| s.into_owned()),
+            load_balancing: Some(self.load_balancing.unwrap_or(LbPolicy::LeastToken)),
+            engine_queue: Some(EngineQueueSettings {
+                hold: Some(eq.hold),
+                scope: Some(eq.scope),
+                depth: eq.depth,
+                min_queued: Duration::from_secs_f64(eq.min_queued_ms / 1000.0),
+            }),
+            ..self.clone()
+        }
+    }
+
     /// The resolved `engine_queue` settings: held unless `hold: false`, by default only
     /// while every instance of the service is saturated (`scope: service`; the workload
     /// matrix, `docs/scheduling.md`), never for a prefill/decode pair.
