@@ -209,9 +209,10 @@ def derive(name):
     ]
     if think_hi > think_lo:
         wl += ["--think-time-max", "%dms" % round(think_hi * 1000)]
-    # ADMIT_AT_PREFILL=1: engines that look a waiting request's prefix up when its prefill
-    # starts (vLLM, SGLang), not when it arrives (engine-sim's default).
-    admit = " --admit-at-prefill" if knob("ADMIT_AT_PREFILL", 0) else ""
+    # ADMIT_AT_PREFILL=1 (the default since matrix run 28): engines that look a waiting
+    # request's prefix up when its prefill starts (vLLM, SGLang); 0: when it arrives
+    # (engine-sim's default; runs 1-27).
+    admit = " --admit-at-prefill" if knob("ADMIT_AT_PREFILL", 1) else ""
     per_engine = []
     for s in speeds:
         per_engine.append(

@@ -45,9 +45,10 @@
 #        SCORE_ONLY=1 RUN=<name> bench/matrix.sh                   the scorecard again
 # Knobs: CELLS, SEEDS ("1 2 3"), CONFIGS, SIM_TIME_SCALE (4), REQ_RATE (12 requests/s),
 #   DURATION (10 s), WARMUP (2.5 s), DRAIN (6 s), OVERLOAD_DURATION (30 s), OVERLOAD_DRAIN (40 s), CAP_DURATION (20 s), CAP_AT (6 s),
-#   CAP_DOWN (4 s), CAP_BUCKET (4 s), ADMIT_AT_PREFILL (0; 1: the engines look a queued
+#   CAP_DOWN (4 s), CAP_BUCKET (4 s), ADMIT_AT_PREFILL (1: the engines look a queued
 #   request's prefix up when its prefill starts, as vLLM and SGLang do, engine-sim's
-#   --admit-at-prefill), RUN (a name, default the date), OUT
+#   --admit-at-prefill; 0: when it arrives, engine-sim's default, on which runs 1-27 of
+#   bench/results/matrix.md ran), RUN (a name, default the date), OUT
 #   (target/bench/matrix/$RUN), GW_LOG (the gateway's RUST_LOG; its log is then kept).
 # Writes (never into bench/results): $OUT/<cell>/cell.json, $OUT/<cell>/s<seed>/<config>/
 #   {report.json, requests.jsonl.gz, engines0.json, engines.json, summary.json, replay.log,
@@ -60,7 +61,7 @@ ROOT=$PWD
 export SIM_TIME_SCALE=${SIM_TIME_SCALE:-4} REQ_RATE=${REQ_RATE:-12} DURATION=${DURATION:-10}
 export WARMUP=${WARMUP:-2.5} DRAIN=${DRAIN:-6} CAP_DURATION=${CAP_DURATION:-20} CAP_BUCKET=${CAP_BUCKET:-4}
 export OVERLOAD_DURATION=${OVERLOAD_DURATION:-30} OVERLOAD_DRAIN=${OVERLOAD_DRAIN:-40}
-export ADMIT_AT_PREFILL=${ADMIT_AT_PREFILL:-0}
+export ADMIT_AT_PREFILL=${ADMIT_AT_PREFILL:-1}
 CAP_AT=${CAP_AT:-6}
 CAP_DOWN=${CAP_DOWN:-4}
 CELLS=${CELLS:-$(python3 bench/matrix.py names)}
