@@ -217,8 +217,8 @@ pub fn service(
     // A disaggregated service's scheduler picks among the prefill instances.
     let role = s.pd.as_ref().map(|_| Role::Prefill);
     // A service that says nothing about scheduling gets the layered scheduler with its
-    // defaults (one instance has nothing to choose between); `load_balancing` alone is an
-    // explicit choice of plain balancing.
+    // defaults (one instance has nothing to choose between; one name with `expand` may be
+    // many); `load_balancing` alone is an explicit choice of plain balancing.
     let scheduler = s.effective_scheduler();
     Ok(match scheduler.as_deref() {
         None => {

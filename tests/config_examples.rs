@@ -172,7 +172,7 @@ fn check_print_fills_in_the_scheduling_a_service_gets_by_default() {
     let p = dir.path().join("defaults.yaml");
     std::fs::write(
         &p,
-        "services:\n  - name: two\n    instances:\n      - {id: a, addr: 127.0.0.1:1}\n      - {id: b, addr: 127.0.0.1:2}\n  - name: one\n    instances:\n      - {id: c, addr: 127.0.0.1:3}\n  - name: plain\n    load_balancing: round-robin\n    engine_queue: {scope: instance}\n    instances:\n      - {id: d, addr: 127.0.0.1:4}\n      - {id: e, addr: 127.0.0.1:5}\n  - name: pair\n    pd: {mode: vllm-nixl}\n    instances:\n      - {id: p, addr: 127.0.0.1:6, role: prefill}\n      - {id: q, addr: 127.0.0.1:7, role: decode}\n",
+        "services:\n  - name: two\n    instances:\n      - {id: a, addr: 127.0.0.1:1}\n      - {id: b, addr: 127.0.0.1:2}\n  - name: one\n    instances:\n      - {id: c, addr: 127.0.0.1:3}\n  - name: plain\n    load_balancing: round-robin\n    engine_queue: {scope: instance}\n    instances:\n      - {id: d, addr: 127.0.0.1:4}\n      - {id: e, addr: 127.0.0.1:5}\n  - name: pair\n    pd: {mode: vllm-nixl}\n    instances:\n      - {id: p, addr: 127.0.0.1:6, role: prefill}\n      - {id: q, addr: 127.0.0.1:7, role: decode}\n  - name: pool\n    instances:\n      - {id: k, addr: \"localhost:8\", expand: true}\n",
     )
     .unwrap();
     let yaml = print_any(&p);
@@ -200,13 +200,22 @@ fn check_print_fills_in_the_scheduling_a_service_gets_by_default() {
         yaml.contains("mode: layered") && yaml.contains("least_cached:"),
         "{yaml}"
     );
-    // One instance has nothing to choose between: plain balancing.
+    // One instance has nothing to choose between: plain balancing, `load_balancing` left
+    // unset so that a second instance would still get the layered scheduler.
     assert!(svc("one").scheduler.is_none(), "{yaml}");
-    assert_eq!(lb("one"), "Some(LeastToken)");
+    assert_eq!(lb("one"), "None");
     // What a service says is kept.
     assert!(svc("plain").scheduler.is_none(), "{yaml}");
     assert_eq!(lb("plain"), "Some(RoundRobin)");
     assert_eq!(eq("plain"), (Some(true), Some("Instance".into())));
+    // One name with `expand: true` may be several instances: layered too.
+    assert!(
+        matches!(
+            svc("pool").scheduler,
+            Some(tokengate::config::SchedulerConfig::Layered { .. })
+        ),
+        "{yaml}"
+    );
     // A prefill/decode pair is never held.
     assert_eq!(eq("pair").0, Some(false));
     // Read back, it prints the same.

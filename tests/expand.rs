@@ -117,6 +117,43 @@ async fn a_name_that_grows_brings_its_new_address_into_rotation() {
         .unwrap();
 }
 
+/// One name with `expand: true` stands for several engines: a service of it that says
+/// nothing about scheduling gets the layered scheduler (as a service of two entries does),
+/// so a prompt sent again goes where it is cached, by the prefix layer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_of_one_expanded_name_gets_the_layered_scheduler() {
+    let (port, _sims) = engines_on_one_port().await;
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    write_hosts(&hosts, "engines.test 127.0.0.1 127.0.0.2");
+    let gw = GatewayProc::start_with_env(
+        &format!(
+            "services:\n  - name: m\n    instances:\n      - {{id: pool, addr: \"engines.test:{port}\", expand: true}}\n"
+        ),
+        &[("TOKENGATE_TEST_HOSTS", hosts.to_str().unwrap())],
+    );
+    assert_eq!(ids(&gw).await, ["pool/127.0.0.1", "pool/127.0.0.2"]);
+    let c = reqwest::Client::new();
+    let prompt = "You are the tool-using agent of a test tenant. ".repeat(40);
+    let send = || async {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .json(&serde_json::json!({"model": "m", "max_tokens": 1,
+                "messages": [{"role": "system", "content": prompt},
+                             {"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let h = |n: &str| r.headers()[n].to_str().unwrap().to_string();
+        (h("x-tokengate-instance"), h("x-tokengate-reason"))
+    };
+    let (first, _) = send().await;
+    let (again, reason) = send().await;
+    assert!(reason.starts_with("prefix("), "{reason}");
+    assert_eq!(again, first);
+}
+
 #[test]
 fn expand_needs_a_name() {
     let (ok, err) = check_yaml(

@@ -200,8 +200,6 @@ impl Config {
             .map_err(ConfigErrors)
     }
 
-    /// The effective config as YAML: every default filled in, every credential
-    /// [`secret::MASK`] (`tokengate check --print`). The output is itself a valid config.
     /// This config as it runs, each service's scheduling sections a default decides filled
     /// in ([`ServiceConfig::with_defaults`]); what `tokengate check --print` prints.
     pub fn with_defaults(&self) -> Config {
@@ -211,6 +209,8 @@ impl Config {
         }
     }
 
+    /// The effective config as YAML: every default filled in, every credential
+    /// [`secret::MASK`] (`tokengate check --print`). The output is itself a valid config.
     pub fn to_yaml(&self) -> String {
         serde_yaml_ng::to_string(self)
             .unwrap_or_else(|e| format!("# the config cannot be printed: {e}\n"))

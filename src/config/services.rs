@@ -93,11 +93,13 @@ fn d_eq_min_queued() -> Duration {
 
 impl ServiceConfig {
     /// The scheduler this service runs: its `scheduler`; when it sets neither `scheduler`
-    /// nor `load_balancing` and has more than one instance, the layered scheduler with every
+    /// nor `load_balancing` and can have more than one instance (two entries, or one name
+    /// with `expand: true`: one instance per address), the layered scheduler with every
     /// default ([`SchedulerConfig::default_layered`]); `None`: plain `load_balancing`.
     pub fn effective_scheduler(&self) -> Option<std::borrow::Cow<'_, SchedulerConfig>> {
+        let several = self.instances.len() > 1 || self.instances.iter().any(|i| i.expand);
         match &self.scheduler {
-            None if self.load_balancing.is_none() && self.instances.len() > 1 => {
+            None if self.load_balancing.is_none() && several => {
                 Some(std::borrow::Cow::Owned(SchedulerConfig::default_layered()))
             }
             sc => sc.as_ref().map(std::borrow::Cow::Borrowed),
@@ -105,14 +107,20 @@ impl ServiceConfig {
     }
 
     /// This service as it runs, every optional scheduling section a default decides filled
-    /// in (`tokengate check --print`): the scheduler ([`Self::effective_scheduler`]), the
+    /// in (`tokengate check --print`): the scheduler ([`Self::effective_scheduler`]), its
     /// balancer (`least-token`) and the engine queue ([`Self::engine_queue`]). The result
-    /// means the same as `self` when read back.
+    /// means the same as `self` when read back. A one-instance service that says nothing
+    /// keeps `load_balancing` unset: set, it would choose plain balancing for good, and the
+    /// printed form, given a second instance, would not get the layered scheduler.
     pub fn with_defaults(&self) -> ServiceConfig {
         let eq = self.engine_queue();
+        let scheduler = self.effective_scheduler().map(|s| s.into_owned());
         ServiceConfig {
-            scheduler: self.effective_scheduler().map(|s| s.into_owned()),
-            load_balancing: Some(self.load_balancing.unwrap_or(LbPolicy::LeastToken)),
+            load_balancing: match scheduler {
+                Some(_) => Some(self.load_balancing.unwrap_or(LbPolicy::LeastToken)),
+                None => self.load_balancing,
+            },
+            scheduler,
             engine_queue: Some(EngineQueueSettings {
                 hold: Some(eq.hold),
                 scope: Some(eq.scope),
