@@ -51,19 +51,43 @@ async fn ids(gw: &GatewayProc) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_name_that_grows_brings_its_new_address_into_rotation() {
+/// The engines, the hosts file that names them and a gateway in front.
+struct Pool {
+    sims: Vec<engine_sim::SimHandle>,
+    _dir: tempfile::TempDir,
+    hosts: std::path::PathBuf,
+    gw: GatewayProc,
+}
+
+/// Three engines on one port; the name `engines.test` answers 127.0.0.1 and .2 (a hosts file
+/// the test may rewrite); a gateway with `config`, `ADDR` in it standing for the name and
+/// port. It starts with the name's two instances.
+async fn pool(config: &str) -> Pool {
     let (port, sims) = engines_on_one_port().await;
     let dir = tempfile::tempdir().unwrap();
     let hosts = dir.path().join("hosts");
     write_hosts(&hosts, "engines.test 127.0.0.1 127.0.0.2");
     let gw = GatewayProc::start_with_env(
-        &format!(
-            "reload: {{resolve_every: 200ms}}\nhealth_check: {{interval: 100ms}}\nservices:\n  - name: m\n    load_balancing: round-robin\n    instances:\n      - {{id: pool, addr: \"engines.test:{port}\", expand: true}}\n"
-        ),
+        &config.replace("ADDR", &format!("engines.test:{port}")),
         &[("TOKENGATE_TEST_HOSTS", hosts.to_str().unwrap())],
     );
     assert_eq!(ids(&gw).await, ["pool/127.0.0.1", "pool/127.0.0.2"]);
+    Pool {
+        sims,
+        _dir: dir,
+        hosts,
+        gw,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_grows_brings_its_new_address_into_rotation() {
+    let Pool {
+        sims,
+        _dir,
+        hosts,
+        gw,
+    } = pool("reload: {resolve_every: 200ms}\nhealth_check: {interval: 100ms}\nservices:\n  - name: m\n    load_balancing: round-robin\n    instances:\n      - {id: pool, addr: \"ADDR\", expand: true}\n").await;
     let c = reqwest::Client::new();
     let send = || async {
         let r = c
@@ -122,17 +146,12 @@ async fn a_name_that_grows_brings_its_new_address_into_rotation() {
 /// so a prompt sent again goes where it is cached, by the prefix layer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_of_one_expanded_name_gets_the_layered_scheduler() {
-    let (port, _sims) = engines_on_one_port().await;
-    let dir = tempfile::tempdir().unwrap();
-    let hosts = dir.path().join("hosts");
-    write_hosts(&hosts, "engines.test 127.0.0.1 127.0.0.2");
-    let gw = GatewayProc::start_with_env(
-        &format!(
-            "services:\n  - name: m\n    instances:\n      - {{id: pool, addr: \"engines.test:{port}\", expand: true}}\n"
-        ),
-        &[("TOKENGATE_TEST_HOSTS", hosts.to_str().unwrap())],
-    );
-    assert_eq!(ids(&gw).await, ["pool/127.0.0.1", "pool/127.0.0.2"]);
+    // Kept whole: the engines and the hosts file live as long as it.
+    let p = pool(
+        "services:\n  - name: m\n    instances:\n      - {id: pool, addr: \"ADDR\", expand: true}\n",
+    )
+    .await;
+    let gw = &p.gw;
     let c = reqwest::Client::new();
     let prompt = "You are the tool-using agent of a test tenant. ".repeat(40);
     let send = || async {
