@@ -201,12 +201,11 @@ impl Config {
     }
 
     /// This config as it runs, each service's scheduling sections a default decides filled
-    /// in ([`ServiceConfig::with_defaults`]); what `tokengate check --print` prints.
+    /// in ([`ServiceConfig::fill_defaults`]); what `tokengate check --print` prints.
     pub fn with_defaults(&self) -> Config {
-        Config {
-            services: self.services.iter().map(|s| s.with_defaults()).collect(),
-            ..self.clone()
-        }
+        let mut c = self.clone();
+        c.services.iter_mut().for_each(ServiceConfig::fill_defaults);
+        c
     }
 
     /// The effective config as YAML: every default filled in, every credential

@@ -106,29 +106,24 @@ impl ServiceConfig {
         }
     }
 
-    /// This service as it runs, every optional scheduling section a default decides filled
-    /// in (`tokengate check --print`): the scheduler ([`Self::effective_scheduler`]), its
+    /// Fills in every optional scheduling section a default decides, as the service runs
+    /// (`tokengate check --print`): the scheduler ([`Self::effective_scheduler`]), its
     /// balancer (`least-token`) and the engine queue ([`Self::engine_queue`]). The result
-    /// means the same as `self` when read back. A one-instance service that says nothing
+    /// means the same as before when read back. A one-instance service that says nothing
     /// keeps `load_balancing` unset: set, it would choose plain balancing for good, and the
     /// printed form, given a second instance, would not get the layered scheduler.
-    pub fn with_defaults(&self) -> ServiceConfig {
+    pub fn fill_defaults(&mut self) {
         let eq = self.engine_queue();
-        let scheduler = self.effective_scheduler().map(|s| s.into_owned());
-        ServiceConfig {
-            load_balancing: match scheduler {
-                Some(_) => Some(self.load_balancing.unwrap_or(LbPolicy::LeastToken)),
-                None => self.load_balancing,
-            },
-            scheduler,
-            engine_queue: Some(EngineQueueSettings {
-                hold: Some(eq.hold),
-                scope: Some(eq.scope),
-                depth: eq.depth,
-                min_queued: Duration::from_secs_f64(eq.min_queued_ms / 1000.0),
-            }),
-            ..self.clone()
+        self.scheduler = self.effective_scheduler().map(|s| s.into_owned());
+        if self.scheduler.is_some() {
+            self.load_balancing.get_or_insert(LbPolicy::LeastToken);
         }
+        self.engine_queue = Some(EngineQueueSettings {
+            hold: Some(eq.hold),
+            scope: Some(eq.scope),
+            depth: eq.depth,
+            min_queued: Duration::from_secs_f64(eq.min_queued_ms / 1000.0),
+        });
     }
 
     /// The resolved `engine_queue` settings: held unless `hold: false`, by default only
