@@ -48,7 +48,7 @@
 #   CAP_DOWN (4 s), CAP_BUCKET (4 s), ADMIT_AT_PREFILL (1: the engines look a queued
 #   request's prefix up when its prefill starts, as vLLM and SGLang do, engine-sim's
 #   --admit-at-prefill; 0: when it arrives, engine-sim's default, on which runs 1-27 of
-#   bench/results/matrix.md ran), RUN (a name, default the date), OUT
+#   docs/matrix-runs.md ran), RUN (a name, default the date), OUT
 #   (target/bench/matrix/$RUN), GW_LOG (the gateway's RUST_LOG; its log is then kept).
 # Writes (never into bench/results): $OUT/<cell>/cell.json, $OUT/<cell>/s<seed>/<config>/
 #   {report.json, requests.jsonl.gz, engines0.json, engines.json, summary.json, replay.log,

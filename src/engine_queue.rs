@@ -29,7 +29,7 @@
 //! Only streamed requests go through it (the caller's choice): a non-stream answer's first
 //! token is its last, so its slot would be held through its whole decode.
 //!
-//! Why `scope: service` by default: in the workload matrix (`bench/results/matrix.md`, run
+//! Why `scope: service` by default: in the workload matrix (`docs/matrix-runs.md`, run
 //! 26) it takes the overload cell's p50 from 1.15 to 1.08 × smg's (p99 0.70 → 0.76 ×) and
 //! leaves the cells where some instance has room as they were; `scope: instance` (run 25)
 //! engages in every busy cell and lost ties there.

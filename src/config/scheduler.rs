@@ -27,7 +27,7 @@ pub const DEFAULT_COST_MIN_HIT: f64 = 0.1;
 /// this × the copy's placement (the tokens the copy would write, and so evict, there, at its
 /// rate). Until issue 34 the default was a fixed "at most 2 waiting" (16 → 4 → 2 each took a
 /// hot-spot seed's p99 down on `bench/tail.sh`), which gave a hot tenant's prefix away
-/// whenever one engine could not serve the whole tenant (`bench/results/matrix.md`).
+/// whenever one engine could not serve the whole tenant (`docs/matrix-runs.md`, run 1).
 pub const DEFAULT_PREFIX_PLACEMENT: f64 = 1.0;
 /// The default prefix layer's safety rails: never preferred with in-flight load > average ×
 /// (1 + this) (cannot bind with 4 instances or fewer) ...
